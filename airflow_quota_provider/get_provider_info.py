@@ -1,0 +1,75 @@
+"""Provider metadata for Airflow's ProvidersManager (entry point ``apache_airflow_provider``).
+
+Each helper adds or edits only its own keys.
+"""
+
+from __future__ import annotations
+
+
+def get_provider_info():
+    return {
+        "package-name": "airflow-quota-provider",
+        "name": "Airflow Quota Provider",
+        "description": "Shared GPU quotas for Apache Airflow: borrowing, lending and priority preemption.",
+        "versions": ["0.1.0"],
+        # --- executor, tables and CLI (QuotaExecutor) ---
+        "executors": ["airflow_quota_provider.executors.quota_executor.QuotaExecutor"],
+        "db-managers": ["airflow_quota_provider.models.db.QuotaDBManager"],
+        "cli": ["airflow_quota_provider.cli.definition.get_quota_cli_commands"],
+        "config": {
+            "quota": {
+                "description": "Shared GPU quotas: the quota file and the local GPU launcher of QuotaExecutor.",
+                "options": {
+                    "quota_file": {
+                        "description": "Path of the quota file (YAML: queues, quotas, sharing and "
+                        "preemption rules). QuotaExecutor refuses to start when it is invalid and keeps "
+                        "the last good configuration when it becomes invalid while running.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "/opt/airflow/quotas.yaml",
+                        "default": "",
+                    },
+                    "devices": {
+                        "description": "Comma-separated GPU indexes the local launcher may hand out. "
+                        "Empty: ask nvidia-smi, and without it use virtual_gpus.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "0,1,2,3",
+                        "default": "",
+                    },
+                    "virtual_gpus": {
+                        "description": "How many virtual GPUs (indexes 0..N-1) to hand out when there is "
+                        "neither [quota] devices nor nvidia-smi, so that quotas work on any laptop.",
+                        "version_added": "0.1.0",
+                        "type": "integer",
+                        "example": "8",
+                        "default": "8",
+                    },
+                    "state_dir": {
+                        "description": "Directory for per-job files (preempt notices, exit codes). "
+                        "Empty: AIRFLOW_HOME/quota.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "/var/lib/airflow/quota",
+                        "default": "",
+                    },
+                    "default_quota": {
+                        "description": "Quota of a task whose pool is not a quota name and whose "
+                        "executor_config has no quota (empty: such a task fails with a clear message).",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "team-a",
+                        "default": "",
+                    },
+                    "keep_queued_alive": {
+                        "description": "Keep tasks that wait for quota from being timed out by "
+                        "[scheduler] task_queued_timeout: their queued time is refreshed while they wait.",
+                        "version_added": "0.1.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": "True",
+                    },
+                },
+            }
+        },
+    }

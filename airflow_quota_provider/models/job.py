@@ -1,0 +1,384 @@
+"""Jobs, device allocations, audit events and preemption counts, with one function per state change.
+
+A *job* is one try of one Airflow task instance placed on a quota. The executor rebuilds all its
+in-memory state from these rows on every heartbeat, so a restarted scheduler loses nothing.
+Times are POSIX seconds (floats), the unit the policy core works in.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    Boolean,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    delete,
+    func,
+    select,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from airflow_quota_provider.models.base import QuotaBase
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from sqlalchemy.orm import Session
+
+
+class JobState(str, Enum):
+    """Where a job is in its life; the values are stored in ``quota_job.state``."""
+
+    PENDING = "pending"
+    """Waiting for quota. ``pending_reason`` and ``pending_position`` say why and where."""
+    RUNNING = "running"
+    """Launched on its devices; ``pid`` is its process."""
+    STOPPING = "stopping"
+    """Told to stop (preempt file written); still holds its devices until its process is gone."""
+    PREEMPTED = "preempted"
+    """Stopped by preemption; waits for Airflow to queue it again, then becomes ``pending`` at its
+    original position (``submitted_at`` is kept)."""
+    FINISHED = "finished"
+    """Its process ended and the executor reported it to Airflow."""
+    FAILED = "failed"
+    """Rejected by the policy (unknown quota, too many GPUs) or past its preemption limit."""
+
+    @classmethod
+    def active(cls) -> tuple[JobState, ...]:
+        return (cls.PENDING, cls.RUNNING, cls.STOPPING, cls.PREEMPTED)
+
+
+class EventKind(str, Enum):
+    """Kinds of audit event in ``quota_event``."""
+
+    SUBMITTED = "submitted"
+    """The executor received the task (first time, or again after a preemption)."""
+    ADMITTED = "admitted"
+    """The job started; ``devices`` lists the GPU indexes it holds."""
+    BORROWED = "borrowed"
+    """The job was admitted on capacity lent by other quotas."""
+    PREEMPTED = "preempted"
+    """A running job was told to stop: ``victim``, ``preemptor``, ``reason``."""
+    RECLAIMED = "reclaimed"
+    """A preemption whose reason is reclaim: the preemptor's quota takes back lent capacity."""
+    STOPPED = "stopped"
+    """A preempted job's process is gone; it goes back to its queue."""
+    RELEASED = "released"
+    """A job's devices were freed (its process is gone); ``devices`` lists them."""
+    FINISHED = "finished"
+    """The job's process ended on its own."""
+    PRIORITY_CHANGED = "priority_changed"
+    """Priority changed by a person (CLI, REST, UI); ``message`` says from what to what."""
+    PREEMPTION_LIMIT_REACHED = "preemption_limit_reached"
+    """A preemption past ``max_preemptions``: the task fails with ``message``."""
+    REJECTED = "rejected"
+    """The job can never run (unknown quota, more GPUs than its quota can get); the task fails."""
+    REVOKED = "revoked"
+    """Airflow revoked the queued task (``task_queued_timeout``); the job keeps its place."""
+    ADOPTED = "adopted"
+    """A restarted scheduler took the job over."""
+
+
+class QuotaJob(QuotaBase):
+    """One try of one task instance on a quota."""
+
+    __tablename__ = "quota_job"
+    __table_args__ = (
+        UniqueConstraint("dag_id", "run_id", "task_id", "map_index", "try_number", name="quota_job_ti_uq"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dag_id: Mapped[str] = mapped_column(String(250), nullable=False)
+    run_id: Mapped[str] = mapped_column(String(250), nullable=False)
+    task_id: Mapped[str] = mapped_column(String(250), nullable=False)
+    map_index: Mapped[int] = mapped_column(Integer, nullable=False, default=-1)
+    try_number: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
+    ti_id: Mapped[str | None] = mapped_column(String(36))
+    quota: Mapped[str] = mapped_column(String(128), nullable=False)
+    queue_name: Mapped[str | None] = mapped_column(String(128))
+    gpus: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
+    priority: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    preemptible: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
+    max_preemptions: Mapped[int | None] = mapped_column(Integer)
+    grace_period_s: Mapped[float | None] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(String(20), nullable=False, default=JobState.PENDING.value)
+    submitted_at: Mapped[float] = mapped_column(Float, nullable=False)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+    pending_reason: Mapped[str | None] = mapped_column(Text)
+    pending_position: Mapped[int | None] = mapped_column(Integer)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    job_dir: Mapped[str | None] = mapped_column(Text)
+    preempted_for: Mapped[str | None] = mapped_column(String(64))
+    preempt_reason: Mapped[str | None] = mapped_column(String(32))
+    preempt_deadline: Mapped[float | None] = mapped_column(Float)
+    preempt_fail_message: Mapped[str | None] = mapped_column(Text)
+    forced_at: Mapped[float | None] = mapped_column(Float)
+    workload: Mapped[str | None] = mapped_column(Text)
+    """The Airflow ``ExecuteTask`` workload as JSON; cleared when Airflow revokes the task."""
+    message: Mapped[str | None] = mapped_column(Text)
+
+    @property
+    def job_id(self) -> str:
+        """The id the policy, the preempt file and ``QUOTA_JOB_ID`` use."""
+        return str(self.id)
+
+    def ti_label(self) -> str:
+        mi = f"[{self.map_index}]" if self.map_index >= 0 else ""
+        return f"{self.dag_id}.{self.task_id}{mi} {self.run_id} try {self.try_number}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.job_id,
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+            "task_id": self.task_id,
+            "map_index": self.map_index,
+            "try_number": self.try_number,
+            "quota": self.quota,
+            "queue": self.queue_name,
+            "gpus": self.gpus,
+            "priority": self.priority,
+            "preemptible": self.preemptible,
+            "max_preemptions": self.max_preemptions,
+            "state": self.state,
+            "submitted_at": self.submitted_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "pending_reason": self.pending_reason,
+            "pending_position": self.pending_position,
+            "preempted_for": self.preempted_for,
+            "message": self.message,
+        }
+
+
+class QuotaDeviceAllocation(QuotaBase):
+    """A device held by a job. The device is the primary key: no device is ever held twice."""
+
+    __tablename__ = "quota_device_allocation"
+
+    device: Mapped[str] = mapped_column(String(64), primary_key=True)
+    job_id: Mapped[int] = mapped_column(Integer, ForeignKey("quota_job.id", ondelete="CASCADE"), nullable=False)
+    allocated_at: Mapped[float] = mapped_column(Float, nullable=False)
+
+
+class QuotaEvent(QuotaBase):
+    """One line of the audit log."""
+
+    __tablename__ = "quota_event"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float, nullable=False)
+    kind: Mapped[str] = mapped_column(String(32), nullable=False)
+    job_id: Mapped[int | None] = mapped_column(Integer)
+    dag_id: Mapped[str | None] = mapped_column(String(250))
+    run_id: Mapped[str | None] = mapped_column(String(250))
+    task_id: Mapped[str | None] = mapped_column(String(250))
+    map_index: Mapped[int | None] = mapped_column(Integer)
+    quota: Mapped[str | None] = mapped_column(String(128))
+    victim: Mapped[str | None] = mapped_column(String(64))
+    preemptor: Mapped[str | None] = mapped_column(String(64))
+    reason: Mapped[str | None] = mapped_column(String(64))
+    devices: Mapped[str | None] = mapped_column(String(512))
+    message: Mapped[str | None] = mapped_column(Text)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {c.name: getattr(self, c.name) for c in self.__table__.columns}
+
+
+class QuotaPreemptionCount(QuotaBase):
+    """How often a task instance was preempted, across its tries (Airflow's TaskReschedule rows are
+    deleted on real retries and are also written by sensors, so they cannot count this)."""
+
+    __tablename__ = "quota_preemption_count"
+
+    dag_id: Mapped[str] = mapped_column(String(250), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(250), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(250), primary_key=True)
+    map_index: Mapped[int] = mapped_column(Integer, primary_key=True, default=-1)
+    count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    last_at: Mapped[float | None] = mapped_column(Float)
+
+
+class JobNotFound(LookupError):
+    """No active job for the task instance named."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Queries
+
+
+def find_job(
+    dag_id: str, run_id: str, task_id: str, *, map_index: int = -1, session: Session, active_only: bool = False
+) -> QuotaJob:
+    """The latest job of a task instance; raises :class:`JobNotFound` naming it."""
+    query = select(QuotaJob).where(
+        QuotaJob.dag_id == dag_id,
+        QuotaJob.run_id == run_id,
+        QuotaJob.task_id == task_id,
+        QuotaJob.map_index == map_index,
+    )
+    if active_only:
+        query = query.where(QuotaJob.state.in_([s.value for s in JobState.active()]))
+    job = session.scalars(query.order_by(QuotaJob.try_number.desc(), QuotaJob.id.desc()).limit(1)).first()
+    if job is None:
+        what = "active job" if active_only else "job"
+        mi = f" map_index={map_index}" if map_index >= 0 else ""
+        raise JobNotFound(f"no {what} for dag_id={dag_id} run_id={run_id} task_id={task_id}{mi}")
+    return job
+
+
+def list_jobs(*, states: Iterable[str] | None = None, session: Session) -> Sequence[QuotaJob]:
+    """Jobs in the given states (default: the active ones), oldest submission first."""
+    wanted = [str(getattr(s, "value", s)) for s in (states or JobState.active())]
+    return session.scalars(
+        select(QuotaJob).where(QuotaJob.state.in_(wanted)).order_by(QuotaJob.submitted_at, QuotaJob.id)
+    ).all()
+
+
+def list_events(*, since_id: int = 0, limit: int | None = None, session: Session) -> Sequence[QuotaEvent]:
+    query = select(QuotaEvent).where(QuotaEvent.id > since_id).order_by(QuotaEvent.id)
+    if limit:
+        query = query.limit(limit)
+    return session.scalars(query).all()
+
+
+def devices_of(job_id: int, *, session: Session) -> list[str]:
+    rows = session.scalars(
+        select(QuotaDeviceAllocation.device).where(QuotaDeviceAllocation.job_id == job_id)
+    ).all()
+    return sorted(rows, key=_device_sort_key)
+
+
+def allocated_devices(*, session: Session) -> dict[str, int]:
+    """Device -> job id, for every held device."""
+    return {a.device: a.job_id for a in session.scalars(select(QuotaDeviceAllocation))}
+
+
+def preemption_count(dag_id: str, run_id: str, task_id: str, map_index: int = -1, *, session: Session) -> int:
+    row = session.get(QuotaPreemptionCount, (dag_id, run_id, task_id, map_index))
+    return row.count if row else 0
+
+
+def _device_sort_key(device: str) -> tuple[int, str]:
+    return (int(device), "") if device.isdigit() else (1 << 30, device)
+
+
+# --------------------------------------------------------------------------------------------------
+# State changes (shared by executor, CLI and REST)
+
+
+def record_event(kind: EventKind, *, job: QuotaJob | None = None, session: Session, **fields: Any) -> QuotaEvent:
+    """Append one audit event; ``fields`` are columns of :class:`QuotaEvent`."""
+    event = QuotaEvent(at=fields.pop("at", None) or time.time(), kind=EventKind(kind).value, **fields)
+    if job is not None:
+        event.job_id = job.id
+        event.dag_id, event.run_id, event.task_id = job.dag_id, job.run_id, job.task_id
+        event.map_index = job.map_index
+        event.quota = event.quota or job.quota
+    session.add(event)
+    return event
+
+
+def set_priority(
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    priority: int,
+    *,
+    map_index: int = -1,
+    max_priority: int | None = None,
+    session: Session,
+) -> QuotaJob:
+    """Change the priority of a task instance's active job; the next scheduling cycle uses it.
+
+    Raises :class:`JobNotFound` when the task instance has no active job, and :class:`ValueError`
+    naming ``priority`` when it is above the quota's ``max_priority``.
+    """
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ValueError(f"priority: {priority!r} is not an integer")
+    job = find_job(dag_id, run_id, task_id, map_index=map_index, session=session, active_only=True)
+    if max_priority is not None and priority > max_priority:
+        raise ValueError(
+            f"priority: {priority} is above quota {job.quota}'s max_priority {max_priority}"
+        )
+    old = job.priority
+    job.priority = priority
+    record_event(
+        EventKind.PRIORITY_CHANGED, job=job, session=session, message=f"priority {old} -> {priority}"
+    )
+    session.flush()
+    return job
+
+
+def allocate_devices(job: QuotaJob, devices: Sequence[str], *, session: Session) -> None:
+    """Give ``devices`` to ``job``; the primary key on the device makes a double grant fail."""
+    now = time.time()
+    for device in devices:
+        session.add(QuotaDeviceAllocation(device=device, job_id=job.id, allocated_at=now))
+    session.flush()
+
+
+def release_devices(job: QuotaJob, *, session: Session) -> list[str]:
+    """Free every device ``job`` holds and record it in the audit log."""
+    devices = devices_of(job.id, session=session)
+    if devices:
+        session.execute(delete(QuotaDeviceAllocation).where(QuotaDeviceAllocation.job_id == job.id))
+        record_event(EventKind.RELEASED, job=job, session=session, devices=",".join(devices))
+    return devices
+
+
+def count_preemption(job: QuotaJob, *, session: Session) -> int:
+    """Add one preemption for the job's task instance; returns the new count."""
+    key = (job.dag_id, job.run_id, job.task_id, job.map_index)
+    row = session.get(QuotaPreemptionCount, key)
+    if row is None:
+        row = QuotaPreemptionCount(
+            dag_id=job.dag_id, run_id=job.run_id, task_id=job.task_id, map_index=job.map_index, count=0
+        )
+        session.add(row)
+    row.count += 1
+    row.last_at = time.time()
+    session.flush()
+    return row.count
+
+
+def explain(dag_id: str, run_id: str, task_id: str, *, map_index: int = -1, session: Session) -> dict[str, Any]:
+    """Why a task instance's job is where it is: state, pending reason and position, devices, history."""
+    job = find_job(dag_id, run_id, task_id, map_index=map_index, session=session)
+    out = job.to_dict()
+    out["devices"] = devices_of(job.id, session=session)
+    out["preemptions"] = preemption_count(dag_id, run_id, task_id, map_index, session=session)
+    out["events"] = [
+        {"at": e.at, "kind": e.kind, "reason": e.reason, "victim": e.victim, "preemptor": e.preemptor,
+         "devices": e.devices, "message": e.message}
+        for e in session.scalars(
+            select(QuotaEvent).where(QuotaEvent.job_id == job.id).order_by(QuotaEvent.id)
+        )
+    ]
+    return out
+
+
+def summary_counts(*, session: Session) -> dict[str, dict[str, int]]:
+    """Per quota and state, how many jobs (active states only)."""
+    out: dict[str, dict[str, int]] = {}
+    rows = session.execute(
+        select(QuotaJob.quota, QuotaJob.state, func.count())
+        .where(QuotaJob.state.in_([s.value for s in JobState.active()]))
+        .group_by(QuotaJob.quota, QuotaJob.state)
+    )
+    for quota, state, n in rows:
+        out.setdefault(quota, {})[state] = n
+    return out
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)
