@@ -85,6 +85,10 @@ class EventKind(str, Enum):
     """Airflow revoked the queued task (``task_queued_timeout``); the job keeps its place."""
     ADOPTED = "adopted"
     """A restarted scheduler took the job over."""
+    CONFIG_LOADED = "config_loaded"
+    """The quota file was (re)loaded; ``message`` is its path."""
+    CONFIG_REJECTED = "config_rejected"
+    """An edited quota file was invalid; the last good configuration stays; ``message`` says why."""
 
 
 class QuotaJob(QuotaBase):

@@ -1,0 +1,60 @@
+"""The ``airflow quota`` command group: arguments here, thin command bodies in the command modules.
+
+Other command modules (``simulate_command``, ``aws_command``) add their ``ActionCommand`` entries
+to :data:`QUOTA_COMMANDS`.
+"""
+
+from __future__ import annotations
+
+from airflow.cli.cli_config import ActionCommand, Arg, GroupCommand, lazy_load_command
+
+ARG_OUTPUT = Arg(
+    ("-o", "--output"),
+    help="Output format: table (default) or json",
+    choices=("table", "json"),
+    default="table",
+)
+ARG_ALL = Arg(("--all",), help="Also list finished and failed jobs", action="store_true")
+ARG_DAG_ID = Arg(("dag_id",), help="The DAG id")
+ARG_RUN_ID = Arg(("run_id",), help="The DAG run id")
+ARG_TASK_ID = Arg(("task_id",), help="The task id")
+ARG_PRIORITY = Arg(("priority",), help="The new priority (integer, higher runs first)", type=int)
+ARG_MAP_INDEX = Arg(("--map-index",), help="Map index of a mapped task instance", type=int, default=-1)
+
+QUOTA_COMMANDS: list[ActionCommand] = [
+    ActionCommand(
+        name="status",
+        help="Per job queue and quota: capacity, GPUs in use, borrowed, lent, free, waiting jobs",
+        func=lazy_load_command("airflow_quota_provider.cli.quota_command.status"),
+        args=(ARG_OUTPUT,),
+    ),
+    ActionCommand(
+        name="jobs",
+        help="List jobs with their state, devices, priority and pending reason",
+        func=lazy_load_command("airflow_quota_provider.cli.quota_command.jobs"),
+        args=(ARG_OUTPUT, ARG_ALL),
+    ),
+    ActionCommand(
+        name="set-priority",
+        help="Change the priority of a waiting or running task; the next scheduling cycle uses it",
+        func=lazy_load_command("airflow_quota_provider.cli.quota_command.set_priority"),
+        args=(ARG_DAG_ID, ARG_RUN_ID, ARG_TASK_ID, ARG_PRIORITY, ARG_MAP_INDEX),
+    ),
+    ActionCommand(
+        name="explain",
+        help="Why a task waits: its pending reason, position in its quota's queue, and history",
+        func=lazy_load_command("airflow_quota_provider.cli.quota_command.explain"),
+        args=(ARG_DAG_ID, ARG_RUN_ID, ARG_TASK_ID, ARG_MAP_INDEX, ARG_OUTPUT),
+    ),
+]
+
+
+def get_quota_cli_commands() -> list[GroupCommand]:
+    """The ``cli`` entry of get_provider_info."""
+    return [
+        GroupCommand(
+            name="quota",
+            help="Shared GPU quotas: status, jobs, priorities and pending reasons",
+            subcommands=QUOTA_COMMANDS,
+        )
+    ]

@@ -1,0 +1,141 @@
+"""Bodies of ``airflow quota status|jobs|set-priority|explain``: they call models/ and print."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from airflow.configuration import conf
+from airflow.utils.cli import suppress_logs_and_warning
+from airflow.utils.session import create_session
+from airflow_quota_provider.models.job import (
+    JobNotFound,
+    JobState,
+    QuotaJob,
+    devices_of,
+    explain as explain_job,
+    list_jobs,
+    preemption_count,
+    set_priority as set_job_priority,
+)
+
+
+def _quota_file():
+    from airflow_quota_provider.policy import PolicyError, load_quota_file
+
+    path = conf.get("quota", "quota_file", fallback="")
+    if not path:
+        raise SystemExit("Error: [quota] quota_file is not set")
+    try:
+        return load_quota_file(path)
+    except PolicyError as e:
+        raise SystemExit(f"Error: {path}: {e}")
+    except OSError as e:
+        raise SystemExit(f"Error: [quota] quota_file: cannot read {path}: {e.strerror}")
+
+
+def _print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    if not rows:
+        print("(none)")
+        return
+    widths = {c: max(len(c), *(len(str(r.get(c, "") if r.get(c) is not None else "")) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(str(r.get(c) if r.get(c) is not None else "").ljust(widths[c]) for c in columns))
+
+
+def _emit(rows: Any, output: str, columns: list[str]) -> None:
+    if output == "json":
+        print(json.dumps(rows, indent=2, sort_keys=True, default=str))
+    else:
+        _print_table(rows, columns)
+
+
+@suppress_logs_and_warning
+def status(args) -> None:
+    """Per quota: capacity, in use, borrowed, lent, free, pending jobs and GPUs (from the policy)."""
+    from airflow_quota_provider.executors.quota_executor import policy_job
+    from airflow_quota_provider.policy import State, summarize
+
+    quota_file = _quota_file()
+    rows = []
+    with create_session() as session:
+        jobs = list_jobs(states=[JobState.PENDING, JobState.RUNNING, JobState.STOPPING], session=session)
+        for queue in quota_file.queues:
+            names = {q.name for q in queue.quotas}
+            mine = [j for j in jobs if j.quota in names]
+            running = [policy_job(j, 0) for j in mine if j.state != JobState.PENDING.value]
+            pending = [policy_job(j, 0) for j in mine if j.state == JobState.PENDING.value and j.workload]
+            usage = summarize(State.for_queue(queue, running, pending))
+            for quota in queue.quotas:
+                u = usage[quota.name]
+                row = {"queue": queue.name, "quota": quota.name, "sharing": quota.sharing}
+                row.update({k: getattr(u, k) for k in (
+                    "capacity", "in_use", "borrowed", "lent", "free", "pending_jobs", "pending_gpus")})
+                rows.append(row)
+    _emit(rows, args.output, ["queue", "quota", "sharing", "capacity", "in_use", "borrowed", "lent", "free",
+                              "pending_jobs", "pending_gpus"])
+
+
+@suppress_logs_and_warning
+def jobs(args) -> None:
+    """List active jobs (``--all``: every job), oldest first."""
+    states = list(JobState) if args.all else None
+    with create_session() as session:
+        rows = []
+        for job in list_jobs(states=states, session=session):
+            row = job.to_dict()
+            row["devices"] = ",".join(devices_of(job.id, session=session))
+            row["preemptions"] = preemption_count(job.dag_id, job.run_id, job.task_id, job.map_index, session=session)
+            rows.append(row)
+    _emit(rows, args.output, ["id", "dag_id", "task_id", "map_index", "run_id", "quota", "gpus", "priority",
+                              "state", "devices", "preemptions", "pending_position", "pending_reason"])
+
+
+def set_priority(args) -> None:
+    """Change the priority of a task instance's active job."""
+    quota_file = _quota_file()
+    with create_session() as session:
+        try:
+            job: QuotaJob = set_job_priority(
+                args.dag_id, args.run_id, args.task_id, args.priority, map_index=args.map_index,
+                max_priority=_max_priority(quota_file, args, session), session=session,
+            )
+        except (JobNotFound, ValueError) as e:
+            raise SystemExit(f"Error: {e}")
+        print(f"Priority of job {job.job_id} ({job.ti_label()}) set to {job.priority}")
+
+
+def _max_priority(quota_file, args, session) -> int | None:
+    from airflow_quota_provider.models.job import find_job
+
+    try:
+        job = find_job(args.dag_id, args.run_id, args.task_id, map_index=args.map_index, session=session)
+        return quota_file.quota(job.quota).max_priority
+    except Exception:
+        return None
+
+
+@suppress_logs_and_warning
+def explain(args) -> None:
+    """Print a task's job: state, pending reason and position, devices, preemptions, events."""
+    with create_session() as session:
+        try:
+            info = explain_job(args.dag_id, args.run_id, args.task_id, map_index=args.map_index, session=session)
+        except JobNotFound as e:
+            raise SystemExit(f"Error: {e}")
+    if args.output == "json":
+        print(json.dumps(info, indent=2, sort_keys=True, default=str))
+        return
+    print(f"job {info['id']}: {info['dag_id']}.{info['task_id']} {info['run_id']} try {info['try_number']}")
+    print(f"  quota {info['quota']}, {info['gpus']} GPUs, priority {info['priority']}, state {info['state']}")
+    if info["state"] == JobState.PENDING.value:
+        print(f"  position {info['pending_position']}: {info['pending_reason']}")
+    if info["devices"]:
+        print(f"  devices {','.join(info['devices'])}")
+    print(f"  preemptions {info['preemptions']}")
+    if info["message"]:
+        print(f"  {info['message']}")
+    for e in info["events"]:
+        extra = " ".join(f"{k}={e[k]}" for k in ("reason", "victim", "preemptor", "devices") if e[k])
+        print(f"  - {e['kind']} {extra} {e['message'] or ''}".rstrip())
