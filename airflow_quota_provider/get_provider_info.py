@@ -12,6 +12,10 @@ def get_provider_info():
         "name": "Airflow Quota Provider",
         "description": "Shared GPU quotas for Apache Airflow: borrowing, lending and priority preemption.",
         "versions": ["0.1.0"],
+        # --- task side (QuotaTrainingOperator, @task.quota) ---
+        "task-decorators": [
+            {"class-name": "airflow_quota_provider.decorators.quota.quota_task", "name": "quota"}
+        ],
         # --- executor, tables and CLI (QuotaExecutor) ---
         "executors": ["airflow_quota_provider.executors.quota_executor.QuotaExecutor"],
         "db-managers": ["airflow_quota_provider.models.db.QuotaDBManager"],

@@ -1,0 +1,246 @@
+"""``@task.quota(...)``: a Python callable on a shared GPU quota, preempted into a reschedule.
+
+Usage::
+
+    @task.quota(quota="team-a", gpus=2, priority=50, grace_period=60)
+    def train(quota=None):  # ``quota`` is a QuotaRun (must default to None)
+        state = torch.load(quota.resume_from) if quota.resume_from else fresh()
+        try:
+            for step in range(state.step, total):
+                ...
+                if step % 100 == 0:
+                    save(quota.checkpoint_dir / f"ckpt-{step:08d}.pt")
+        finally:                # runs on QuotaPreempted too: checkpoint here
+            save(quota.checkpoint_dir / f"ckpt-{step:08d}.pt")
+
+How a callable learns that it is preempted (``on_preempt``):
+
+- ``"raise"`` (default): :class:`QuotaPreempted` is raised in the callable at once, the way
+  SIGTERM interrupts a process. It derives from ``BaseException``, so ``except Exception`` does not
+  swallow it; write the checkpoint in ``finally`` or ``except QuotaPreempted``.
+- ``"flag"``: nothing is raised at first; ``quota.preempt_requested`` becomes True and the
+  callable should checkpoint and return (or ``raise QuotaPreempted``) within the grace period.
+  When the grace period is over, :class:`QuotaPreempted` is raised anyway.
+
+Once preemption was requested, the run ends as ``UP_FOR_RESCHEDULE`` (no retry used, same
+``try_number``) however the callable ends. The callable also sees ``QUOTA_CHECKPOINT_DIR``,
+``QUOTA_RESUME_FROM`` and ``QUOTA_PREEMPTION_COUNT`` in ``os.environ``, and ``CUDA_VISIBLE_DEVICES``
+as set by the executor. :func:`current_quota_run` returns the same object as ``quota``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.common.compat.sdk import DecoratedOperator, context_merge, task_decorator_factory
+from airflow.providers.standard.operators.python import PythonOperator
+
+from airflow_quota_provider.operators.training import (
+    DEFAULT_EXECUTOR,
+    POLL_INTERVAL_S,
+    QuotaPreempted,
+    QuotaRun,
+    QuotaTaskArgumentError,
+    _default_checkpoint_dir,
+    _grace_seconds,
+    quota_operator_kwargs,
+)
+
+if TYPE_CHECKING:
+    from airflow.providers.common.compat.sdk import Context, TaskDecorator
+
+ON_PREEMPT_VALUES = ("raise", "flag")
+_current: QuotaRun | None = None
+
+
+def current_quota_run() -> QuotaRun | None:
+    """The :class:`QuotaRun` of the ``@task.quota`` callable running in this process, if any."""
+    return _current
+
+
+class _QuotaDecoratedOperator(DecoratedOperator, PythonOperator):
+    """A ``@task.quota`` task: a Python callable with the quota arguments of QuotaTrainingOperator."""
+
+    template_fields: Sequence[str] = ("templates_dict", "op_args", "op_kwargs", "checkpoint_dir")
+    template_fields_renderers = {"templates_dict": "json", "op_args": "py", "op_kwargs": "py"}
+    custom_operator_name: str = "@task.quota"
+
+    def __init__(
+        self,
+        *,
+        python_callable: Callable,
+        op_args: Any = None,
+        op_kwargs: Any = None,
+        quota: str,
+        gpus: int = 1,
+        priority: int = 0,
+        checkpoint_dir: str | None = None,
+        max_preemptions: int | None = None,
+        grace_period: float | timedelta | None = None,
+        preemptible: bool = True,
+        on_preempt: str = "raise",
+        executor: str | None = DEFAULT_EXECUTOR,
+        **kwargs: Any,
+    ) -> None:
+        if on_preempt not in ON_PREEMPT_VALUES:
+            raise QuotaTaskArgumentError("on_preempt", f"{on_preempt!r} is not one of {', '.join(ON_PREEMPT_VALUES)}")
+        if checkpoint_dir is not None and not isinstance(checkpoint_dir, str):
+            raise QuotaTaskArgumentError("checkpoint_dir", f"{checkpoint_dir!r} is not a path string or None")
+        kwargs_to_upstream = {"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs}
+        super().__init__(
+            kwargs_to_upstream=kwargs_to_upstream,
+            python_callable=python_callable,
+            op_args=op_args,
+            op_kwargs=op_kwargs,
+            **quota_operator_kwargs(
+                quota=quota,
+                gpus=gpus,
+                priority=priority,
+                preemptible=preemptible,
+                max_preemptions=max_preemptions,
+                grace_period=grace_period,
+                executor=executor,
+                kwargs=kwargs,
+            ),
+        )
+        self.quota = quota
+        self.gpus = gpus
+        self.priority = priority
+        self.checkpoint_dir = checkpoint_dir
+        self.max_preemptions = max_preemptions
+        self.grace_period = _grace_seconds(grace_period)
+        self.preemptible = preemptible
+        self.on_preempt = on_preempt
+
+    def execute(self, context: Context) -> Any:
+        global _current
+        checkpoint_dir = Path(self.checkpoint_dir) if self.checkpoint_dir else _default_checkpoint_dir(context)
+        run = QuotaRun.prepare(checkpoint_dir=checkpoint_dir, grace_period_s=self.grace_period)
+        if run.poll_preemption() is not None:
+            self.log.warning("Preempted before the callable started")
+            raise run.reschedule(self.log)
+        self.log.info(
+            "Quota %s, %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), priority %d; checkpoints in %s; resume from %s",
+            self.quota,
+            self.gpus,
+            run.cuda_visible_devices,
+            self.priority,
+            run.checkpoint_dir,
+            run.resume_from or "(nothing: fresh start)",
+        )
+        context_merge(context, {"quota": run})
+        _current = run
+        try:
+            with _environ(run.env()), _preemption_delivery(run, self.on_preempt, self.log):
+                result = super().execute(context)
+        except QuotaPreempted:
+            raise run.reschedule(self.log) from None
+        except Exception:
+            if run.notice is not None:  # interrupted by the preemption in some other way
+                raise run.reschedule(self.log) from None
+            raise
+        finally:
+            _current = None
+        if run.notice is not None:
+            raise run.reschedule(self.log)
+        return result
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _preemption_delivery(run: QuotaRun, on_preempt: str, log) -> Iterator[None]:
+    """
+    Watch the preempt file and interrupt the callable the way SIGTERM would.
+
+    A watcher thread polls the file; when it appears (or the executor sends SIGTERM after writing
+    it), a SIGTERM handler on the main thread raises :class:`QuotaPreempted` (``"raise"``), or only
+    once the grace period is over (``"flag"``). A SIGTERM without a notice goes to the handler that
+    was installed before (Airflow's, which calls ``on_kill``).
+    """
+    if threading.current_thread() is not threading.main_thread() or run.preempt_file is None:
+        yield
+        return
+    main_ident = threading.main_thread().ident
+    previous = signal.getsignal(signal.SIGTERM)
+    state = {"raised": False, "force": False}
+    done = threading.Event()
+
+    def _on_sigterm(signum, frame):
+        if run.poll_preemption() is None:
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if not state["raised"] and (on_preempt == "raise" or state["force"]):
+            state["raised"] = True
+            raise QuotaPreempted(run.notice)
+
+    def _watch():
+        while not done.wait(POLL_INTERVAL_S):
+            if run.poll_preemption() is not None:
+                break
+        else:
+            return
+        stop_at = run.stop_at(time.time())
+        log.warning(
+            "Preempted (%s) by %s: %s; grace period %.1fs",
+            run.notice.reason,
+            run.notice.preemptor or "the quota executor",
+            "raising QuotaPreempted in the callable" if on_preempt == "raise" else "quota.preempt_requested is set",
+            stop_at - time.time(),
+        )
+        if on_preempt == "raise":
+            signal.pthread_kill(main_ident, signal.SIGTERM)
+        if done.wait(max(0.0, stop_at - time.time())):
+            return
+        log.warning("The callable did not stop within the grace period; raising QuotaPreempted")
+        state["force"] = True
+        signal.pthread_kill(main_ident, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    watcher = threading.Thread(target=_watch, name="quota-preempt-watcher", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        signal.signal(signal.SIGTERM, previous)
+        watcher.join()
+
+
+def quota_task(python_callable: Callable | None = None, **kwargs: Any) -> TaskDecorator:
+    """
+    Wrap a function into a quota task (``@task.quota``).
+
+    Takes the arguments of :class:`~airflow_quota_provider.operators.training.QuotaTrainingOperator`
+    except ``command``/``env``/``cwd``, plus ``on_preempt`` (``"raise"`` or ``"flag"``), and the usual
+    ``BaseOperator`` arguments.
+    """
+    return task_decorator_factory(
+        python_callable=python_callable,
+        decorated_operator_class=_QuotaDecoratedOperator,
+        **kwargs,
+    )
