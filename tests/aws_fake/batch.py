@@ -120,6 +120,11 @@ class ServiceJob:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     preempted: list[dict[str, Any]] = field(default_factory=list)
     script: list[Any] = field(default_factory=list)
+    history: list[str] = field(default_factory=lambda: ["SUBMITTED"])  # every status it has had, in order
+
+    def set_status(self, status: str, reason: str | None = None) -> None:
+        self.status, self.status_reason = status, reason
+        self.history.append(status)
 
     @property
     def arn(self) -> str:
@@ -206,6 +211,7 @@ class FakeBatch:
         self.calls: list[tuple[str, dict[str, Any]]] = []  # every API call, for assertions
         self.default_script: list[Any] = []
         self.fail_next: dict[str, str] = {}  # operation -> message, answered once as ClientException
+        self.list_lag: dict[str, int] = {}  # jobId -> ListServiceJobs calls that do not show it yet
 
     # ------------------------------------------------------------------ test hooks
     def add_job_queue(
@@ -233,7 +239,7 @@ class FakeBatch:
     def make_runnable(self, job_id: str) -> None:
         with self._lock:
             job = self._active(job_id, allowed=("SUBMITTED", "PENDING"))
-            job.status, job.status_reason = "RUNNABLE", None
+            job.set_status("RUNNABLE")
 
     def start(self, job_id: str) -> None:
         """Dispatch a job: a new attempt (a SageMaker training job) that is RUNNING."""
@@ -252,7 +258,7 @@ class FakeBatch:
                     "startedAt": now,
                 }
             )
-            job.status, job.status_reason = "RUNNING", None
+            job.set_status("RUNNING")
 
     def preempt(self, job_id: str, *, reason: str = "Preempted by a higher priority job") -> None:
         """Stop the running attempt; the job goes back to RUNNABLE, or FAILS past its preemption limit."""
@@ -264,14 +270,13 @@ class FakeBatch:
             job.preempted.append(dict(attempt))
             limit = job.preemption_retries
             if limit is not None and len(job.preempted) > limit:
-                job.status = "FAILED"
                 job.stopped_at = now
-                job.status_reason = (
+                job.set_status("FAILED", (
                     f"Job preempted {len(job.preempted)} times; preemptionRetriesBeforeTermination "
                     f"({limit}) exhausted. Last preemption: {reason}"
-                )
+                ))
             else:
-                job.status, job.status_reason = "RUNNABLE", reason
+                job.set_status("RUNNABLE", reason)
 
     def succeed(self, job_id: str) -> None:
         with self._lock:
@@ -287,7 +292,8 @@ class FakeBatch:
         now = self._now()
         if job.attempts and "stoppedAt" not in job.attempts[-1]:
             job.attempts[-1].update({"stoppedAt": now, "statusReason": reason})
-        job.status, job.status_reason, job.stopped_at = status, reason, now
+        job.stopped_at = now
+        job.set_status(status, reason)
 
     def _active(self, job_id: str, *, allowed: tuple[str, ...]) -> ServiceJob:
         job = self.job(job_id)
@@ -308,7 +314,7 @@ class FakeBatch:
         elif isinstance(step, (list, tuple)) and step[0] == "FAILED":
             self.fail(job.job_id, step[1])
         elif step in ("PENDING", "RUNNABLE", "SCHEDULED", "STARTING"):
-            job.status = step
+            job.set_status(step)
         else:
             raise ValueError(f"unknown script step {step!r}")
 
@@ -506,7 +512,9 @@ class FakeBatch:
 
     def op_ListServiceJobs(self, body: dict[str, Any]) -> dict[str, Any]:
         queue = self._queue(body.get("jobQueue"))
-        jobs = [j for j in self.jobs.values() if j.queue is queue]
+        jobs = [j for j in self.jobs.values() if j.queue is queue and not self.list_lag.get(j.job_id)]
+        for job_id, lag in list(self.list_lag.items()):
+            self.list_lag[job_id] = max(0, lag - 1)
         filters = body.get("filters") or []
         if len(filters) > 1:
             raise FakeClientError("Only one filter can be used at a time")
