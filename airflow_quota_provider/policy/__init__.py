@@ -1,0 +1,44 @@
+"""The scheduling policy: pure Python, no Airflow import, plain data in and a decision out.
+
+The executor, the simulator, the CLI and the REST API all call this package; it is the only place
+that knows the quota arithmetic and the preemption rules (DESIGN §2).
+"""
+
+from airflow_quota_provider.policy.capacity import QuotaUsage, summarize
+from airflow_quota_provider.policy.config import (
+    MAX_QUOTAS_PER_QUEUE,
+    PreemptionPolicy,
+    Queue,
+    Quota,
+    QuotaFile,
+    load_quota_file,
+    parse_quota_file,
+    quota_to_dict,
+)
+from airflow_quota_provider.policy.decide import decide, rejection_reason
+from airflow_quota_provider.policy.decision import Decision, Pending, Preemption, Rejection
+from airflow_quota_provider.policy.errors import PolicyError
+from airflow_quota_provider.policy.state import Job, State, parse_state
+
+__all__ = [
+    "MAX_QUOTAS_PER_QUEUE",
+    "Decision",
+    "Job",
+    "Pending",
+    "PolicyError",
+    "Preemption",
+    "PreemptionPolicy",
+    "Queue",
+    "Quota",
+    "QuotaFile",
+    "QuotaUsage",
+    "Rejection",
+    "State",
+    "decide",
+    "load_quota_file",
+    "parse_quota_file",
+    "parse_state",
+    "quota_to_dict",
+    "rejection_reason",
+    "summarize",
+]

@@ -1,0 +1,74 @@
+"""``python -m airflow_quota_provider.policy``: dry-run the policy from files (DESIGN §4).
+
+    decide FILE.json|-      print the decision for a decision file as JSON
+    validate QUOTAS.yaml    check a quota file and print a summary of its queues
+
+Bad input exits with status 2 and one line naming the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from airflow_quota_provider.policy.config import MAX_QUOTAS_PER_QUEUE, load_quota_file
+from airflow_quota_provider.policy.decide import decide
+from airflow_quota_provider.policy.errors import PolicyError
+from airflow_quota_provider.policy.state import parse_state
+
+
+def _read_json(source: str):
+    try:
+        text = sys.stdin.read() if source == "-" else open(source).read()
+    except OSError as error:
+        raise PolicyError(source, f"cannot read the decision file: {error.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise PolicyError(source, f"not valid JSON: {error}") from None
+
+
+def _decide(args: argparse.Namespace) -> None:
+    state, now = parse_state(_read_json(args.file), max_quotas_per_queue=args.max_quotas)
+    json.dump(decide(state, now).to_dict(), sys.stdout, indent=2 if args.pretty else None)
+    sys.stdout.write("\n")
+
+
+def _validate(args: argparse.Namespace) -> None:
+    quota_file = load_quota_file(args.file, max_quotas_per_queue=args.max_quotas)
+    for queue in quota_file.queues:
+        assigned = sum(q.capacity for q in queue.quotas)
+        print(f"job queue {queue.name}: {queue.capacity} GPUs, {len(queue.quotas)} quotas, {queue.capacity - assigned} in the common pool")
+        for quota in queue.quotas:
+            limits = []
+            if quota.borrow_limit is not None:
+                limits.append(f"borrow_limit {quota.borrow_limit}")
+            if quota.lend_limit is not None:
+                limits.append(f"lend_limit {quota.lend_limit}")
+            print(f"  {quota.name}: capacity {quota.capacity}, {quota.sharing}" + "".join(f", {x}" for x in limits))
+    print("ok")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m airflow_quota_provider.policy", description=__doc__.split("\n")[0])
+    parser.add_argument("--max-quotas", type=int, default=MAX_QUOTAS_PER_QUEUE, help="quotas allowed per job queue (default %(default)s)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    decide_parser = commands.add_parser("decide", help="print the decision for a decision file (JSON; - for stdin)")
+    decide_parser.add_argument("file")
+    decide_parser.add_argument("--pretty", action="store_true", help="indent the JSON")
+    decide_parser.set_defaults(run=_decide)
+    validate_parser = commands.add_parser("validate", help="check a quota file (YAML)")
+    validate_parser.add_argument("file")
+    validate_parser.set_defaults(run=_validate)
+    args = parser.parse_args(argv)
+    try:
+        args.run(args)
+    except PolicyError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

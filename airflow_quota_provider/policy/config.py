@@ -1,0 +1,282 @@
+"""The quota file: job queues, their shared quotas, and each quota's sharing and preemption rules.
+
+Users write one YAML file (DESIGN §4); the executor, the simulator, the CLI and the AWS backend all
+read it through :func:`load_quota_file`. The decision file's ``quotas`` entries carry the same fields
+and are read by the same :func:`parse_quota`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from airflow_quota_provider.policy.errors import PolicyError
+from airflow_quota_provider.policy.fields import Fields
+
+SHARING = ("reserve", "lend", "lend_and_borrow")
+WITHIN_QUOTA = ("never", "lower_priority", "lower_or_newer_equal_priority")
+RECLAIM = ("never", "lower_priority", "any")
+ON_PREEMPTION_LIMIT = ("fail", "protect")
+MAX_QUOTAS_PER_QUEUE = 20  # AWS Batch's documented limit; a setting, not a design bound.
+
+# A quota's name is also its Airflow pool name and its AWS quotaShareName: keep it valid for both.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class PreemptionPolicy:
+    """Which running jobs a quota's waiting jobs may preempt (Kueue's policies)."""
+
+    within_quota: str = "lower_priority"
+    """``never`` | ``lower_priority`` | ``lower_or_newer_equal_priority``: victims in the same quota."""
+    reclaim: str = "any"
+    """``never`` | ``lower_priority`` | ``any``: victims in other quotas running above their capacity."""
+    borrow_within: int | None = None
+    """None (off), or the highest victim priority a job may preempt in other borrowing quotas while
+    its own quota keeps borrowing."""
+
+
+@dataclass(frozen=True)
+class Quota:
+    """One shared quota of a job queue: its capacity (nominal share) and its rules."""
+
+    name: str
+    capacity: int
+    sharing: str = "lend_and_borrow"
+    borrow_limit: int | None = None
+    lend_limit: int | None = None
+    weight: float = 1.0
+    max_priority: int | None = None
+    preemption: PreemptionPolicy = field(default_factory=PreemptionPolicy)
+    grace_period_s: float = 120.0
+    min_runtime_s: float = 0.0
+    preemption_delay_s: float = 0.0
+    max_preemptions: int | None = None
+    on_preemption_limit: str = "fail"
+    teams: tuple[str, ...] = ()
+
+    @property
+    def lends(self) -> bool:
+        return self.sharing != "reserve"
+
+    @property
+    def borrows(self) -> bool:
+        return self.sharing == "lend_and_borrow"
+
+    @property
+    def private(self) -> int:
+        """Capacity no other quota can ever use: all of it for ``reserve``, else what is not lendable."""
+        if not self.lends:
+            return self.capacity
+        return self.capacity - (self.lend_limit if self.lend_limit is not None else self.capacity)
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A job queue: a pool of GPUs shared by up to ``max_quotas_per_queue`` quotas."""
+
+    name: str
+    capacity: int
+    quotas: tuple[Quota, ...]
+    capacity_unit: str | None = None
+
+    def quota(self, name: str) -> Quota:
+        for quota in self.quotas:
+            if quota.name == name:
+                return quota
+        raise PolicyError("quota", f"{name!r} is not one of {', '.join(q.name for q in self.quotas)}")
+
+
+@dataclass(frozen=True)
+class QuotaFile:
+    """A parsed, validated quota file."""
+
+    queues: tuple[Queue, ...]
+
+    def quota(self, name: str) -> Quota:
+        return self.queue_of(name).quota(name)
+
+    def queue_of(self, quota_name: str) -> Queue:
+        for queue in self.queues:
+            if any(q.name == quota_name for q in queue.quotas):
+                return queue
+        names = ", ".join(q.name for queue in self.queues for q in queue.quotas)
+        raise PolicyError("quota", f"{quota_name!r} is not one of {names}")
+
+    def quota_for_team(self, team: str) -> str | None:
+        """The quota a workload's team runs on: the one listing it in ``teams``, else the same name."""
+        for queue in self.queues:
+            for quota in queue.quotas:
+                if team in quota.teams:
+                    return quota.name
+        for queue in self.queues:
+            for quota in queue.quotas:
+                if quota.name == team:
+                    return quota.name
+        return None
+
+
+def parse_name(fields: Fields, key: str = "name") -> str:
+    name = fields.str(key)
+    if not _NAME.match(name):
+        raise PolicyError(
+            fields.child(key),
+            f"{name!r} is not a valid name (letters, digits, '-' and '_', starting with a letter or digit, at most 128)",
+        )
+    return name
+
+
+def parse_preemption(data: Any, path: str) -> PreemptionPolicy:
+    fields = Fields({} if data is None else data, path)
+    within = fields.str("within_quota", PreemptionPolicy.within_quota, choices=WITHIN_QUOTA)
+    reclaim = fields.str("reclaim", PreemptionPolicy.reclaim, choices=RECLAIM)
+    borrow_within_data = fields.raw("borrow_within", None)
+    borrow_within = None
+    if borrow_within_data is not None:
+        inner = Fields(borrow_within_data, fields.child("borrow_within"))
+        borrow_within = inner.int("max_priority")
+        inner.done()
+    fields.done()
+    return PreemptionPolicy(within_quota=within, reclaim=reclaim, borrow_within=borrow_within)
+
+
+def parse_quota(data: Any, path: str) -> Quota:
+    """One quota entry, as in the quota file's ``queues[].quotas[]`` and the decision file's ``quotas``."""
+    fields = Fields(data, path)
+    name = parse_name(fields)
+    capacity = fields.int("capacity")
+    sharing = fields.str("sharing", Quota.sharing, choices=SHARING)
+    borrow_limit = fields.int("borrow_limit", None, nullable=True)
+    lend_limit = fields.int("lend_limit", None, nullable=True)
+    weight = fields.number("weight", Quota.weight)
+    max_priority = fields.int("max_priority", None, nullable=True)
+    preemption = parse_preemption(fields.raw("preemption", None), fields.child("preemption"))
+    quota = Quota(
+        name=name,
+        capacity=capacity,
+        sharing=sharing,
+        borrow_limit=borrow_limit,
+        lend_limit=lend_limit,
+        weight=weight,
+        max_priority=max_priority,
+        preemption=preemption,
+        grace_period_s=fields.number("grace_period_s", Quota.grace_period_s),
+        min_runtime_s=fields.number("min_runtime_s", Quota.min_runtime_s),
+        preemption_delay_s=fields.number("preemption_delay_s", Quota.preemption_delay_s),
+        max_preemptions=fields.int("max_preemptions", None, nullable=True),
+        on_preemption_limit=fields.str("on_preemption_limit", Quota.on_preemption_limit, choices=ON_PREEMPTION_LIMIT),
+        teams=tuple(_parse_team(item, item_path) for item, item_path in fields.list("teams", [])),
+    )
+    fields.done()
+    if weight <= 0:
+        raise PolicyError(fields.child("weight"), f"{weight} must be above 0")
+    if borrow_limit is not None and not quota.borrows:
+        raise PolicyError(fields.child("borrow_limit"), f"only allowed with sharing lend_and_borrow, not {sharing}")
+    if preemption.borrow_within is not None and not quota.borrows:
+        raise PolicyError(
+            fields.child("preemption.borrow_within"), f"only allowed with sharing lend_and_borrow, not {sharing}"
+        )
+    if lend_limit is not None:
+        if not quota.lends:
+            raise PolicyError(fields.child("lend_limit"), "not allowed with sharing reserve (it never lends)")
+        if lend_limit > capacity:
+            raise PolicyError(fields.child("lend_limit"), f"{lend_limit} is above the quota's capacity {capacity}")
+    return quota
+
+
+def _parse_team(item: Any, path: str) -> str:
+    if not isinstance(item, str) or not item:
+        raise PolicyError(path, f"expected a team name, got {item!r}")
+    return item
+
+
+def check_quotas(quotas: tuple[Quota, ...], capacity: int, path: str, *, max_quotas: int) -> None:
+    """Rules over a queue's quotas as a whole: count, unique names, capacities within the queue."""
+    if not quotas:
+        raise PolicyError(path, "a job queue needs at least one quota")
+    if len(quotas) > max_quotas:
+        raise PolicyError(path, f"{len(quotas)} quotas, more than the limit of {max_quotas} per job queue")
+    seen: set[str] = set()
+    for index, quota in enumerate(quotas):
+        if quota.name in seen:
+            raise PolicyError(f"{path}[{index}].name", f"duplicate quota name {quota.name!r}")
+        seen.add(quota.name)
+    total = sum(q.capacity for q in quotas)
+    if total > capacity:
+        raise PolicyError(path, f"quota capacities sum to {total}, above the job queue's capacity {capacity}")
+
+
+def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) -> QuotaFile:
+    """Validate a parsed quota file; every error names the field path and the allowed values."""
+    fields = Fields(data, "")
+    queues = []
+    quota_names: dict[str, str] = {}
+    team_paths: dict[str, str] = {}
+    items = fields.list("queues")
+    if not items:
+        raise PolicyError("queues", "at least one job queue is required")
+    for item, path in items:
+        queue_fields = Fields(item, path)
+        name = parse_name(queue_fields)
+        capacity = queue_fields.int("capacity", minimum=1)
+        capacity_unit = queue_fields.str("capacity_unit", None)
+        quotas = tuple(parse_quota(q, q_path) for q, q_path in queue_fields.list("quotas"))
+        queue_fields.done()
+        check_quotas(quotas, capacity, queue_fields.child("quotas"), max_quotas=max_quotas_per_queue)
+        if any(q.name == name for q in queues):
+            raise PolicyError(queue_fields.child("name"), f"duplicate job queue name {name!r}")
+        for index, quota in enumerate(quotas):
+            quota_path = f"{queue_fields.child('quotas')}[{index}]"
+            # A quota is also an Airflow pool, so its name is unique across queues.
+            if quota.name in quota_names:
+                raise PolicyError(f"{quota_path}.name", f"quota {quota.name!r} is already defined at {quota_names[quota.name]}")
+            quota_names[quota.name] = quota_path
+            for team in quota.teams:
+                if team in team_paths:
+                    raise PolicyError(f"{quota_path}.teams", f"team {team!r} is already mapped at {team_paths[team]}")
+                team_paths[team] = quota_path
+        queues.append(Queue(name=name, capacity=capacity, quotas=quotas, capacity_unit=capacity_unit))
+    fields.done()
+    return QuotaFile(queues=tuple(queues))
+
+
+def load_quota_file(path: str | Path, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) -> QuotaFile:
+    """Read and validate a YAML quota file. Unreadable or malformed YAML is a :class:`PolicyError` too."""
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise PolicyError(str(path), f"cannot read the quota file: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise PolicyError(str(path), f"not valid YAML: {error}") from None
+    return parse_quota_file(data, max_quotas_per_queue=max_quotas_per_queue)
+
+
+def quota_to_dict(quota: Quota) -> dict[str, Any]:
+    """A quota in the decision file's form (the inverse of :func:`parse_quota`)."""
+    preemption = quota.preemption
+    return {
+        "name": quota.name,
+        "capacity": quota.capacity,
+        "sharing": quota.sharing,
+        "borrow_limit": quota.borrow_limit,
+        "lend_limit": quota.lend_limit,
+        "weight": quota.weight,
+        "max_priority": quota.max_priority,
+        "preemption": {
+            "within_quota": preemption.within_quota,
+            "reclaim": preemption.reclaim,
+            "borrow_within": None if preemption.borrow_within is None else {"max_priority": preemption.borrow_within},
+        },
+        "grace_period_s": quota.grace_period_s,
+        "min_runtime_s": quota.min_runtime_s,
+        "preemption_delay_s": quota.preemption_delay_s,
+        "max_preemptions": quota.max_preemptions,
+        "on_preemption_limit": quota.on_preemption_limit,
+        "teams": list(quota.teams),
+    }

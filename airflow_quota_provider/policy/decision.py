@@ -1,0 +1,65 @@
+"""What one decision cycle says: who starts, who is preempted, why the others wait."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Preemption:
+    """Stop ``id`` so that ``for_`` can run: SIGTERM, the grace period, then requeue (or fail)."""
+
+    id: str
+    for_: str
+    reason: str
+    """``within_quota`` | ``reclaim`` | ``borrow_within``: the rule that allowed it."""
+    quota: str
+    fail: bool = False
+    """True when this preemption is past the job's ``max_preemptions``: fail it instead of requeueing."""
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        result = {"id": self.id, "for": self.for_, "reason": self.reason, "quota": self.quota, "fail": self.fail}
+        if self.message:
+            result["message"] = self.message
+        return result
+
+
+@dataclass(slots=True)
+class Pending:
+    """A waiting job: its place in its quota's queue (1 = next) and why it is not running."""
+
+    id: str
+    position: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "position": self.position, "reason": self.reason}
+
+
+@dataclass(slots=True)
+class Rejection:
+    """A job that can never run under this configuration; its task should fail with ``reason``."""
+
+    id: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "reason": self.reason}
+
+
+@dataclass
+class Decision:
+    admit: list[str] = field(default_factory=list)
+    preempt: list[Preemption] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)
+    reject: list[Rejection] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "admit": list(self.admit),
+            "preempt": [p.to_dict() for p in self.preempt],
+            "pending": [p.to_dict() for p in self.pending],
+            "reject": [r.to_dict() for r in self.reject],
+        }

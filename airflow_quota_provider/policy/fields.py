@@ -1,0 +1,108 @@
+"""Reading plain data (parsed YAML or JSON) field by field, with errors that name the field.
+
+Both input formats of the policy (the quota file and the decision file) are read through
+:class:`Fields`, so every bad value is reported the same way: its path, what was wrong and, for a
+closed set, the allowed values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from airflow_quota_provider.policy.errors import PolicyError
+
+_MISSING = object()
+
+
+def _describe(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else f"{value!r} ({type(value).__name__})"
+
+
+class Fields:
+    """One mapping being read; complains about unknown keys when :meth:`done` is called."""
+
+    def __init__(self, data: Any, path: str) -> None:
+        if not isinstance(data, Mapping):
+            raise PolicyError(path, f"expected a mapping, got {_describe(data)}")
+        self._data = data
+        self._path = path
+        self._seen: set[str] = set()
+
+    def child(self, key: str) -> str:
+        return f"{self._path}.{key}" if self._path else key
+
+    def _get(self, key: str, default: Any) -> Any:
+        self._seen.add(key)
+        value = self._data.get(key, _MISSING)
+        if value is _MISSING:
+            if default is _MISSING:
+                raise PolicyError(self.child(key), "is required")
+            return default
+        return value
+
+    def has(self, key: str) -> bool:
+        return key in self._data
+
+    def str(self, key: str, default: Any = _MISSING, *, choices: Iterable[str] | None = None) -> Any:
+        value = self._get(key, default)
+        if value is None and default is None:
+            return None
+        if choices is not None:
+            allowed = tuple(choices)
+            if value not in allowed:
+                raise PolicyError(self.child(key), f"{_describe(value)} is not one of {', '.join(allowed)}")
+        if not isinstance(value, str) or not value:
+            raise PolicyError(self.child(key), f"expected a non-empty string, got {_describe(value)}")
+        return value
+
+    def int(self, key: str, default: Any = _MISSING, *, minimum: int | None = 0, nullable: bool = False) -> Any:
+        value = self._get(key, default)
+        if value is None and (nullable or default is None):
+            return None
+        # bool is an int subclass; "true" GPUs is a mistake worth naming.
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise PolicyError(self.child(key), f"expected an integer, got {_describe(value)}")
+        if minimum is not None and value < minimum:
+            raise PolicyError(self.child(key), f"{value} is below the minimum {minimum}")
+        return value
+
+    def number(self, key: str, default: Any = _MISSING, *, minimum: float | None = 0.0, nullable: bool = False) -> Any:
+        value = self._get(key, default)
+        if value is None and (nullable or default is None):
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise PolicyError(self.child(key), f"expected a finite number, got {_describe(value)}")
+        if minimum is not None and value < minimum:
+            raise PolicyError(self.child(key), f"{value} is below the minimum {minimum}")
+        return float(value)
+
+    def bool(self, key: str, default: Any = _MISSING) -> bool:
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise PolicyError(self.child(key), f"expected true or false, got {_describe(value)}")
+        return value
+
+    def list(self, key: str, default: Any = _MISSING) -> list[tuple[Any, str]]:
+        """Items of a list field, each with its path (``key[3]``)."""
+        value = self._get(key, default)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise PolicyError(self.child(key), f"expected a list, got {_describe(value)}")
+        return [(item, f"{self.child(key)}[{index}]") for index, item in enumerate(value)]
+
+    def raw(self, key: str, default: Any = _MISSING) -> Any:
+        return self._get(key, default)
+
+    def done(self) -> None:
+        unknown = sorted(str(key) for key in self._data if key not in self._seen)
+        if unknown:
+            raise PolicyError(
+                self.child(unknown[0]),
+                f"unknown field; allowed fields are {', '.join(sorted(self._seen))}",
+            )

@@ -1,0 +1,25 @@
+"""The two orders of the policy, each one comparator ending on the job id so it is total."""
+
+from __future__ import annotations
+
+from airflow_quota_provider.policy.state import Job
+
+
+def queue_order(job: Job) -> tuple:
+    """Order of waiting jobs: higher priority first, then earlier submission (FIFO), then id."""
+    return (-job.priority, job.submitted_at, job.id)
+
+
+def victim_order(job: Job, now: float) -> tuple:
+    """Order of preemption candidates within one quota.
+
+    1. lowest priority first;
+    2. most recently started first (least progress lost, Kueue's rule);
+    3. least work lost since the last checkpoint (GPU-seconds; all of its run time when it has none);
+    4. id.
+    Candidates of other quotas come before the preemptor's own; the search merges per-quota lists
+    sorted by this key to get that.
+    """
+    started = job.started_at if job.started_at is not None else now
+    since = job.last_checkpoint_at if job.last_checkpoint_at is not None else started
+    return (job.priority, -started, job.gpus * max(0.0, now - since), job.id)

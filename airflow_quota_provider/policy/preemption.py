@@ -1,0 +1,70 @@
+"""The victim search: the smallest useful set of candidates whose GPUs let a waiting job in.
+
+Kueue's classical search: add candidates in order until the job fits, then walk back over the chosen
+ones in reverse order of choice (skipping the last) and give back each whose return still leaves
+room. It runs on the decision's live :class:`Usage` and always restores it, so deciding stays apart
+from acting: the caller applies the victims it accepts.
+"""
+
+from __future__ import annotations
+
+from airflow_quota_provider.policy.candidates import Candidates
+from airflow_quota_provider.policy.capacity import Usage
+from airflow_quota_provider.policy.config import Quota
+from airflow_quota_provider.policy.state import Job
+
+Victims = list[tuple[Job, str]]
+
+
+def search_phases(preemptor: Job, quota: Quota, usage: Usage) -> list[bool]:
+    """The phases to try, as ``borrow`` flags.
+
+    Phase 1 (``False``) looks for a set after which the quota does not borrow, and is tried only while
+    the quota is below its capacity. Phase 2 (``True``) allows the quota to end up borrowing; a job
+    asking for more than its quota's capacity can never be within it, so it is tried for such a job
+    only when the quota has ``borrow_within``.
+    """
+    phases = []
+    if usage.used[quota.name] < quota.capacity:
+        phases.append(False)
+    if preemptor.gpus <= quota.capacity or quota.preemption.borrow_within is not None:
+        phases.append(True)
+    return phases
+
+
+def find_victims(
+    preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, phases: list[bool]
+) -> Victims | None:
+    """Victims (in order of choice, each with its reason) that make ``preemptor`` fit, or None.
+
+    ``phases`` comes from :func:`search_phases`, possibly narrowed by the caller.
+    """
+    for borrow in phases:
+        victims = _minimal_set(preemptor, quota, usage, candidates, borrow=borrow)
+        if victims:
+            return victims
+    return None
+
+
+def _minimal_set(preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, *, borrow: bool) -> Victims | None:
+    chosen: Victims = []
+    fits = False
+    for candidate, reason in candidates.for_preemptor(preemptor, quota, usage, borrow=borrow):
+        usage.remove(candidate.quota, candidate.gpus)
+        chosen.append((candidate, reason))
+        if usage.fits(quota.name, preemptor.gpus, borrow=borrow):
+            fits = True
+            break
+    if fits:
+        given_back = set()
+        for index in range(len(chosen) - 2, -1, -1):
+            candidate = chosen[index][0]
+            usage.add(candidate.quota, candidate.gpus)
+            if usage.fits(quota.name, preemptor.gpus, borrow=borrow):
+                given_back.add(index)
+            else:
+                usage.remove(candidate.quota, candidate.gpus)
+        chosen = [victim for index, victim in enumerate(chosen) if index not in given_back]
+    for candidate, _ in chosen:  # restore the snapshot
+        usage.add(candidate.quota, candidate.gpus)
+    return chosen if fits else None

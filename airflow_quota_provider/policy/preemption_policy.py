@@ -1,0 +1,68 @@
+"""One predicate per preemption policy value: may ``preemptor`` take ``candidate``'s GPUs?
+
+Each function answers for one rule of DESIGN §2 and nothing else; the candidate search combines them.
+"""
+
+from __future__ import annotations
+
+from airflow_quota_provider.policy.config import Quota
+from airflow_quota_provider.policy.state import Job
+
+
+def within_quota_allows(policy: str, preemptor: Job, candidate: Job) -> bool:
+    """``within_quota``: victims in the preemptor's own quota."""
+    if policy == "lower_priority":
+        return candidate.priority < preemptor.priority
+    if policy == "lower_or_newer_equal_priority":
+        return candidate.priority < preemptor.priority or (
+            candidate.priority == preemptor.priority and candidate.submitted_at > preemptor.submitted_at
+        )
+    return False  # never
+
+
+# Victims in other quotas are allowed up to a priority ceiling (None: any priority, -inf: none), so
+# the search can stop scanning a list sorted by ascending priority at the first one above it.
+NOBODY = float("-inf")
+
+
+def reclaim_ceiling(policy: str, preemptor: Job) -> float | None:
+    """``reclaim``: victims in other quotas that run above their capacity, to win back lent capacity."""
+    if policy == "any":
+        return None
+    if policy == "lower_priority":
+        return preemptor.priority - 1
+    return NOBODY  # never
+
+
+def borrow_within_ceiling(max_priority: int | None, preemptor: Job) -> float:
+    """``borrow_within``: lower-priority victims (at most ``max_priority``) in other borrowing quotas,
+    while the preemptor's own quota keeps borrowing."""
+    if max_priority is None:
+        return NOBODY
+    return min(preemptor.priority - 1, max_priority)
+
+
+def effective_max_preemptions(job: Job, quota: Quota) -> int | None:
+    return job.max_preemptions if job.max_preemptions is not None else quota.max_preemptions
+
+
+def limit_reached(job: Job, quota: Quota) -> bool:
+    """The job has used up its preemption retries: one more preemption is past the limit."""
+    limit = effective_max_preemptions(job, quota)
+    return limit is not None and job.preemptions >= limit
+
+
+def may_be_preempted(job: Job, quota: Quota, now: float) -> bool:
+    """A running job is a candidate at all: preemptible, not already stopping, past ``min_runtime_s``,
+    and not protected by ``on_preemption_limit: protect`` once its retries are used up."""
+    if not job.preemptible or job.preempted_for is not None:
+        return False
+    min_runtime = job.min_runtime_s if job.min_runtime_s is not None else quota.min_runtime_s
+    if job.started_at is not None and now - job.started_at < min_runtime:
+        return False
+    return not (quota.on_preemption_limit == "protect" and limit_reached(job, quota))
+
+
+def may_preempt(job: Job, quota: Quota, now: float) -> bool:
+    """A waiting job may cause preemption once it has waited ``preemption_delay_s``."""
+    return now - job.submitted_at >= quota.preemption_delay_s

@@ -1,0 +1,98 @@
+"""Pending reasons a person can read: why a job waits, from the usage at the end of the cycle.
+
+Reasons depend on the job only through its quota and size (and its preemption delay), so they are
+built once per distinct combination: ten thousand waiting jobs cost a few hundred strings.
+"""
+
+from __future__ import annotations
+
+from airflow_quota_provider.policy.candidates import Candidates
+from airflow_quota_provider.policy.capacity import Usage, borrowed
+from airflow_quota_provider.policy.config import Quota
+from airflow_quota_provider.policy.preemption import search_phases
+from airflow_quota_provider.policy.state import Job
+
+
+class Explainer:
+    def __init__(self, usage: Usage, quotas: dict[str, Quota], candidates: Candidates, now: float) -> None:
+        self.usage = usage
+        self.quotas = quotas
+        self.candidates = candidates
+        self.now = now
+        self._cache: dict[tuple, str] = {}
+        self._borrowers: list[tuple[str, int, int | None]] | None = None
+
+    def held(self, job: Job, victims: list[str]) -> str:
+        if victims:
+            return f"waiting for preempted jobs to stop: {', '.join(victims)}"
+        return (
+            f"waiting for stopping jobs to release GPUs: needs {job.gpus}, "
+            f"{self.usage.physically_free()} free; its capacity is held"
+        )
+
+    def waiting(self, job: Job, *, searched: bool) -> str:
+        quota = self.quotas[job.quota]
+        key = (job.quota, job.gpus, searched)
+        reason = self._cache.get(key)
+        if reason is None:
+            reason = self._cache[key] = self._compose(job, quota, searched)
+        delay_left = quota.preemption_delay_s - (self.now - job.submitted_at)
+        if delay_left > 0:
+            reason += f"; may preempt in {delay_left:.0f} s (preemption_delay_s {quota.preemption_delay_s:g})"
+        return reason
+
+    def _compose(self, job: Job, quota: Quota, searched: bool) -> str:
+        used = self.usage.used[quota.name]
+        parts = []
+        if used + job.gpus <= quota.capacity:
+            parts.append(
+                f"quota {quota.name}: {quota.capacity - used} of {quota.capacity} GPUs idle but lent, "
+                f"needs {job.gpus}; {self._borrowers_text(job)}"
+            )
+        else:
+            state = "full" if used >= quota.capacity else "in use"
+            parts.append(f"quota {quota.name} {state}: {used}/{quota.capacity} GPUs, needs {job.gpus}")
+            if not quota.borrows:
+                parts.append(f"cannot borrow (sharing {quota.sharing})")
+            elif quota.borrow_limit is not None and used + job.gpus - quota.capacity > quota.borrow_limit:
+                parts.append(
+                    f"borrow limit {quota.borrow_limit} reached "
+                    f"({borrowed(quota, used)} borrowed, would need {used + job.gpus - quota.capacity})"
+                )
+            else:
+                parts.append(f"{self.usage.free_for(quota.name)} GPUs free to borrow; {self._borrowers_text(job)}")
+        if searched:
+            parts.append(self._no_victims(job, quota))
+        return "; ".join(parts)
+
+    def _no_victims(self, job: Job, quota: Quota) -> str:
+        if not search_phases(job, quota, self.usage):
+            return "preempts nobody: asks for more than its quota's capacity and borrow_within is off"
+        policy = quota.preemption
+        rules = f"within_quota {policy.within_quota}, reclaim {policy.reclaim}"
+        if policy.borrow_within is not None:
+            rules += f", borrow_within max_priority {policy.borrow_within}"
+        return f"no preemptible jobs it may preempt would free {job.gpus} GPUs ({rules})"
+
+    def _borrowers_text(self, job: Job) -> str:
+        """Other quotas running above their capacity: whose jobs hold what this quota lends."""
+        if self._borrowers is None:
+            lowest: dict[str, int] = {}
+            for candidate in self.candidates:
+                if candidate.quota not in lowest or candidate.priority < lowest[candidate.quota]:
+                    lowest[candidate.quota] = candidate.priority
+            self._borrowers = [
+                (name, borrowed(quota, self.usage.used[name]), lowest.get(name))
+                for name, quota in sorted(self.quotas.items())
+                if self.usage.is_borrowing(name)
+            ]
+        borrowers = [entry for entry in self._borrowers if entry[0] != job.quota]
+        if not borrowers:
+            return "no other quota is borrowing"
+        texts = []
+        for name, amount, priority in borrowers:
+            if priority is None:
+                texts.append(f"{name} borrows {amount} (none preemptible)")
+            else:
+                texts.append(f"{name} borrows {amount}, lowest preemptible priority {priority}")
+        return "; ".join(texts)

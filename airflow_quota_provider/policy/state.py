@@ -1,0 +1,95 @@
+"""What the policy decides over: one job queue's quotas and its running and pending jobs.
+
+:class:`State` is plain, immutable data. The executor builds it from its tables, the simulator from
+its event loop, and the decision-file CLI from JSON through :func:`parse_state`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_quota_provider.policy.config import MAX_QUOTAS_PER_QUEUE, Queue, Quota, check_quotas, parse_quota
+from airflow_quota_provider.policy.errors import PolicyError
+from airflow_quota_provider.policy.fields import Fields
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job (an Airflow task instance) placed on a quota."""
+
+    id: str
+    quota: str
+    gpus: int
+    priority: int
+    submitted_at: float
+    started_at: float | None = None
+    """When it started running; set for running jobs."""
+    preemptible: bool = True
+    max_preemptions: int | None = None
+    """Preemption retry limit; None takes the quota's."""
+    preemptions: int = 0
+    """How often it has been preempted so far."""
+    min_runtime_s: float | None = None
+    """Least run time before it may be preempted; None takes the quota's."""
+    last_checkpoint_at: float | None = None
+    preempted_for: str | None = None
+    """Set on a running job that was already chosen as a victim and is still stopping."""
+
+
+@dataclass(frozen=True)
+class State:
+    """One job queue at one moment."""
+
+    capacity: int
+    quotas: tuple[Quota, ...]
+    running: tuple[Job, ...]
+    pending: tuple[Job, ...]
+
+    @classmethod
+    def for_queue(cls, queue: Queue, running: Iterable[Job], pending: Iterable[Job]) -> State:
+        return cls(capacity=queue.capacity, quotas=queue.quotas, running=tuple(running), pending=tuple(pending))
+
+
+def _parse_job(data: Any, path: str, quota_names: tuple[str, ...], *, running: bool) -> Job:
+    fields = Fields(data, path)
+    job_id = fields.str("id")
+    quota = fields.str("quota", choices=quota_names)
+    job = Job(
+        id=job_id,
+        quota=quota,
+        gpus=fields.int("gpus", minimum=1),
+        priority=fields.int("priority", minimum=None),
+        submitted_at=fields.number("submitted_at", minimum=None),
+        started_at=fields.number("started_at", minimum=None) if running else None,
+        preemptible=fields.bool("preemptible", True),
+        max_preemptions=fields.int("max_preemptions", None, nullable=True),
+        preemptions=fields.int("preemptions", 0),
+        min_runtime_s=fields.number("min_runtime_s", None, nullable=True),
+        last_checkpoint_at=fields.number("last_checkpoint_at", None, minimum=None, nullable=True),
+        preempted_for=fields.str("preempted_for", None) if running else None,
+    )
+    fields.done()
+    return job
+
+
+def parse_state(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) -> tuple[State, float]:
+    """Read a decision file (DESIGN §4) into ``(state, now)``; bad input raises :class:`PolicyError`."""
+    fields = Fields(data, "")
+    now = fields.number("now", minimum=None)
+    capacity = fields.int("capacity", minimum=1)
+    quotas = tuple(parse_quota(item, path) for item, path in fields.list("quotas"))
+    check_quotas(quotas, capacity, "quotas", max_quotas=max_quotas_per_queue)
+    names = tuple(q.name for q in quotas)
+    running = tuple(_parse_job(item, path, names, running=True) for item, path in fields.list("running", []))
+    pending = tuple(_parse_job(item, path, names, running=False) for item, path in fields.list("pending", []))
+    fields.done()
+    seen: dict[str, str] = {}
+    for kind, jobs in (("running", running), ("pending", pending)):
+        for index, job in enumerate(jobs):
+            path = f"{kind}[{index}].id"
+            if job.id in seen:
+                raise PolicyError(path, f"duplicate job id {job.id!r} (also at {seen[job.id]})")
+            seen[job.id] = path
+    return State(capacity=capacity, quotas=quotas, running=running, pending=pending), now

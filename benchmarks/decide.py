@@ -1,0 +1,108 @@
+"""Time one decision cycle at 1,000 and 10,000 pending jobs (2,000 running, 20 quotas).
+
+    python benchmarks/decide.py [--repeat N] [--seed S]
+
+Prints the best-of-N time per size, the ratio between them, and the peak memory (tracemalloc) of one
+cycle. Goal (issue 2): at most 50 ms at 10,000 pending on a 2-core machine, ratio at most 15.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+import tracemalloc
+
+from airflow_quota_provider.policy import Job, PreemptionPolicy, Quota, State, decide
+
+SHARING = ("lend_and_borrow", "lend_and_borrow", "lend", "reserve")
+WITHIN = ("lower_priority", "lower_or_newer_equal_priority", "never")
+RECLAIM = ("any", "lower_priority", "never")
+
+
+def make_state(pending_jobs: int, *, running_jobs: int = 2000, quotas: int = 20, seed: int = 1) -> tuple[State, float]:
+    """A busy queue: mixed sharing rules, priorities 0-99, sizes 1-8 GPUs, every quota over-subscribed."""
+    rng = random.Random(seed)
+    capacity = 8000
+    quota_list = tuple(
+        Quota(
+            name=f"q{i:02d}",
+            capacity=capacity // quotas - (20 if i % 5 == 0 else 0),
+            sharing=SHARING[i % len(SHARING)],
+            borrow_limit=None if i % 3 else 100,
+            weight=1 + i % 3,
+            preemption=PreemptionPolicy(
+                within_quota=WITHIN[i % len(WITHIN)],
+                reclaim=RECLAIM[i % len(RECLAIM)],
+                borrow_within=50 if i % 4 == 0 and SHARING[i % len(SHARING)] == "lend_and_borrow" else None,
+            ),
+        )
+        for i in range(quotas)
+    )
+    now = 100_000.0
+    running = []
+    used = 0
+    names = [q.name for q in quota_list]
+    for i in range(running_jobs):
+        gpus = rng.choice((1, 1, 2, 4, 8))
+        if used + gpus > capacity:
+            break
+        used += gpus
+        started = rng.uniform(0, now)
+        running.append(
+            Job(
+                id=f"r{i}",
+                quota=names[i % quotas],
+                gpus=gpus,
+                priority=rng.randrange(100),
+                submitted_at=started - rng.uniform(0, 100),
+                started_at=started,
+            )
+        )
+    pending = [
+        Job(
+            id=f"p{i}",
+            quota=rng.choice(names),
+            gpus=rng.choice((1, 1, 2, 4, 8, 16)),
+            priority=rng.randrange(100),
+            submitted_at=rng.uniform(0, now),
+        )
+        for i in range(pending_jobs)
+    ]
+    return State(capacity=capacity, quotas=quota_list, running=tuple(running), pending=tuple(pending)), now
+
+
+def best_time(state: State, now: float, repeat: int) -> tuple[float, object]:
+    best = float("inf")
+    decision = None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        decision = decide(state, now)
+        best = min(best, time.perf_counter() - start)
+    return best, decision
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    results = {}
+    for pending in (1_000, 10_000):
+        state, now = make_state(pending, seed=args.seed)
+        seconds, decision = best_time(state, now, args.repeat)
+        tracemalloc.start()
+        decide(state, now)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        results[pending] = seconds
+        print(
+            f"pending={pending:>6} running={len(state.running)} quotas={len(state.quotas)}: "
+            f"{seconds * 1000:7.2f} ms per cycle (best of {args.repeat}), peak memory {peak / 2**20:.1f} MiB; "
+            f"admit={len(decision.admit)} preempt={len(decision.preempt)} pending={len(decision.pending)} reject={len(decision.reject)}"
+        )
+    print(f"ratio 10,000 / 1,000 pending: {results[10_000] / results[1_000]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

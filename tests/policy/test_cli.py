@@ -1,0 +1,92 @@
+"""The decision-file CLI as a user runs it: a real ``python -m airflow_quota_provider.policy``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "quotas.yaml"
+
+DESIGN_EXAMPLE = {
+    "now": 1000.0,
+    "capacity": 24,
+    "quotas": [
+        {"name": "team-a", "capacity": 8, "sharing": "lend_and_borrow", "borrow_limit": None, "lend_limit": None, "weight": 1,
+         "preemption": {"within_quota": "lower_priority", "reclaim": "any", "borrow_within": None}}
+    ],
+    "running": [{"id": "j1", "quota": "team-a", "gpus": 2, "priority": 10, "started_at": 900.0, "submitted_at": 850.0}],
+    "pending": [{"id": "j2", "quota": "team-a", "gpus": 4, "priority": 50, "submitted_at": 990.0}],
+}
+
+
+def policy(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "airflow_quota_provider.policy", *args], input=stdin, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_decide_prints_the_decision_of_the_design_example(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(DESIGN_EXAMPLE))
+    result = policy("decide", str(path))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"admit": ["j2"], "preempt": [], "pending": [], "reject": []}
+
+
+def test_decide_reads_stdin_and_reports_preemptions_and_reasons():
+    state = dict(DESIGN_EXAMPLE, capacity=8, running=[dict(DESIGN_EXAMPLE["running"][0], gpus=8)])
+    result = policy("decide", "-", stdin=json.dumps(state))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "admit": [],
+        "preempt": [{"id": "j1", "for": "j2", "reason": "within_quota", "quota": "team-a", "fail": False}],
+        "pending": [{"id": "j2", "position": 1, "reason": "waiting for preempted jobs to stop: j1"}],
+        "reject": [],
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        pytest.param({"capacity": -3}, "capacity: -3 is below the minimum 1", id="bad queue capacity"),
+        pytest.param({"surprise": True}, "surprise: unknown field", id="unknown top-level field"),
+        pytest.param({"quotas": [{"name": "team-a", "capacity": 8, "sharing": "borrow"}]},
+                     "quotas[0].sharing: 'borrow' is not one of reserve, lend, lend_and_borrow", id="bad sharing"),
+        pytest.param({"pending": [dict(DESIGN_EXAMPLE["pending"][0], quota="team-z")]},
+                     "pending[0].quota: 'team-z' is not one of team-a", id="unknown quota"),
+        pytest.param({"running": [dict(DESIGN_EXAMPLE["running"][0], gpus=0)]},
+                     "running[0].gpus: 0 is below the minimum 1", id="zero GPUs"),
+        pytest.param({"pending": [dict(DESIGN_EXAMPLE["pending"][0], id="j1")]},
+                     "pending[0].id: duplicate job id 'j1' (also at running[0].id)", id="duplicate ids"),
+    ],
+)
+def test_decide_rejects_bad_input_with_exit_2_naming_the_field(change, message):
+    result = policy("decide", "-", stdin=json.dumps(dict(DESIGN_EXAMPLE, **change)))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_decide_rejects_invalid_json():
+    result = policy("decide", "-", stdin="{not json")
+    assert result.returncode == 2 and "-: not valid JSON" in result.stderr
+
+
+def test_validate_accepts_the_example_quota_file():
+    result = policy("validate", str(EXAMPLE))
+    assert result.returncode == 0, result.stderr
+    assert "job queue gpu-fleet: 16 GPUs, 3 quotas, 0 in the common pool" in result.stdout
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_validate_rejects_a_bad_quota_file_naming_the_field(tmp_path):
+    bad = tmp_path / "quotas.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("sharing: reserve", "sharing: hoard"))
+    result = policy("validate", str(bad))
+    assert result.returncode == 2
+    assert "queues[0].quotas[2].sharing: 'hoard' is not one of reserve, lend, lend_and_borrow" in result.stderr

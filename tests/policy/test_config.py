@@ -1,0 +1,161 @@
+"""The quota file: what it accepts, its defaults, and errors that name the field and allowed values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from airflow_quota_provider.policy import PolicyError, PreemptionPolicy, Quota, load_quota_file, parse_quota_file, quota_to_dict
+from airflow_quota_provider.policy.config import parse_quota
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "quotas.yaml"
+
+
+def one_queue(*quotas: dict, capacity: int = 16) -> dict:
+    return {"queues": [{"name": "gpu-fleet", "capacity": capacity, "quotas": list(quotas)}]}
+
+
+def test_the_example_file_parses_with_its_values():
+    quota_file = load_quota_file(EXAMPLE)
+    (queue,) = quota_file.queues
+    assert (queue.name, queue.capacity, [q.name for q in queue.quotas]) == ("gpu-fleet", 16, ["team-a", "team-b", "inference"])
+    team_b = quota_file.quota("team-b")
+    assert team_b.preemption == PreemptionPolicy("lower_or_newer_equal_priority", "lower_priority", 20)
+    assert team_b.min_runtime_s == 10
+    assert quota_file.queue_of("inference") is queue
+
+
+def test_everything_but_name_and_capacity_has_a_default():
+    quota = parse_quota({"name": "team-a", "capacity": 4}, "q")
+    assert quota == Quota(name="team-a", capacity=4)
+    assert (quota.sharing, quota.preemption.within_quota, quota.preemption.reclaim) == ("lend_and_borrow", "lower_priority", "any")
+    assert (quota.max_preemptions, quota.on_preemption_limit, quota.weight) == (None, "fail", 1.0)
+
+
+def test_quota_to_dict_round_trips():
+    for quota in load_quota_file(EXAMPLE).queues[0].quotas:
+        assert parse_quota(quota_to_dict(quota), "q") == quota
+
+
+def test_teams_map_onto_quotas():
+    quota_file = parse_quota_file(one_queue({"name": "team-a", "capacity": 8, "teams": ["itp01", "itp02"]}, {"name": "itp03", "capacity": 8}))
+    assert quota_file.quota_for_team("itp02") == "team-a"
+    assert quota_file.quota_for_team("itp03") == "itp03"
+    assert quota_file.quota_for_team("itp09") is None
+
+
+BAD = [
+    pytest.param(
+        one_queue({"name": "a", "capacity": 4}, {"name": "b", "capacity": 4}, {"name": "c", "capacity": 4}, {"name": "d", "capacity": 4, "sharing": "lend-borrow"}),
+        "queues[0].quotas[3].sharing: 'lend-borrow' is not one of reserve, lend, lend_and_borrow",
+        id="sharing names its allowed values",
+    ),
+    pytest.param(
+        one_queue({"name": "a", "capacity": 4, "preemption": {"reclaim": "sometimes"}}),
+        "queues[0].quotas[0].preemption.reclaim: 'sometimes' is not one of never, lower_priority, any",
+        id="reclaim names its allowed values",
+    ),
+    pytest.param(
+        one_queue({"name": "a", "capacity": 4, "preemption": {"within_quota": "lower"}}),
+        "queues[0].quotas[0].preemption.within_quota: 'lower' is not one of never, lower_priority, lower_or_newer_equal_priority",
+        id="within_quota names its allowed values",
+    ),
+    pytest.param(
+        one_queue({"name": "a", "capacity": 4, "on_preemption_limit": "retry"}),
+        "queues[0].quotas[0].on_preemption_limit: 'retry' is not one of fail, protect",
+        id="on_preemption_limit names its allowed values",
+    ),
+    pytest.param(
+        one_queue({"name": "a", "capacity": 4, "capacty": 4}),
+        "queues[0].quotas[0].capacty: unknown field",
+        id="unknown keys are refused",
+    ),
+    pytest.param({"queues": [], "extra": 1}, "queues: at least one job queue is required", id="no queues"),
+    pytest.param(
+        one_queue(*({"name": f"q{i}", "capacity": 1} for i in range(21)), capacity=32),
+        "queues[0].quotas: 21 quotas, more than the limit of 20 per job queue",
+        id="more than 20 quotas per job queue",
+    ),
+    pytest.param(
+        one_queue({"name": "a", "capacity": 10}, {"name": "b", "capacity": 10}),
+        "queues[0].quotas: quota capacities sum to 20, above the job queue's capacity 16",
+        id="capacities summing above the queue",
+    ),
+    pytest.param(one_queue({"name": "a", "capacity": -1}), "queues[0].quotas[0].capacity: -1 is below the minimum 0", id="negative capacity"),
+    pytest.param(one_queue({"name": "a", "capacity": 4, "borrow_limit": -2}), "queues[0].quotas[0].borrow_limit: -2 is below the minimum 0", id="negative borrow_limit"),
+    pytest.param(one_queue({"name": "a", "capacity": 4, "grace_period_s": -5}), "queues[0].quotas[0].grace_period_s: -5 is below the minimum 0.0", id="negative grace period"),
+    pytest.param(one_queue({"name": "a", "capacity": "four"}), "queues[0].quotas[0].capacity: expected an integer, got 'four'", id="capacity not a number"),
+    pytest.param(
+        one_queue({"name": "a", "capacity": 4}, {"name": "a", "capacity": 4}),
+        "queues[0].quotas[1].name: duplicate quota name 'a'",
+        id="duplicate quota names",
+    ),
+    pytest.param(
+        {"queues": [{"name": "q1", "capacity": 4, "quotas": [{"name": "a", "capacity": 4}]}, {"name": "q2", "capacity": 4, "quotas": [{"name": "a", "capacity": 4}]}]},
+        "queues[1].quotas[0].name: quota 'a' is already defined at queues[0].quotas[0]",
+        id="a quota name is unique across job queues (it is also a pool name)",
+    ),
+    pytest.param(
+        one_queue({"name": "a", "capacity": 4, "sharing": "lend", "borrow_limit": 2}),
+        "queues[0].quotas[0].borrow_limit: only allowed with sharing lend_and_borrow, not lend",
+        id="borrow_limit without borrowing",
+    ),
+    pytest.param(
+        one_queue({"name": "a", "capacity": 4, "lend_limit": 5}),
+        "queues[0].quotas[0].lend_limit: 5 is above the quota's capacity 4",
+        id="lend_limit above capacity",
+    ),
+    pytest.param(
+        one_queue({"name": "a", "capacity": 4, "sharing": "reserve", "lend_limit": 1}),
+        "queues[0].quotas[0].lend_limit: not allowed with sharing reserve",
+        id="lend_limit on a reserve quota",
+    ),
+    pytest.param(one_queue({"name": "a", "capacity": 4, "weight": 0}), "queues[0].quotas[0].weight: 0.0 must be above 0", id="zero weight"),
+    pytest.param(one_queue({"name": "team a", "capacity": 4}), "queues[0].quotas[0].name: 'team a' is not a valid name", id="names valid as pool and share names"),
+    pytest.param(
+        one_queue({"name": "a", "capacity": 4, "teams": ["x"]}, {"name": "b", "capacity": 4, "teams": ["x"]}),
+        "queues[0].quotas[1].teams: team 'x' is already mapped at queues[0].quotas[0]",
+        id="a team mapped twice",
+    ),
+    pytest.param(
+        one_queue({"name": "a", "capacity": 4, "preemption": {"borrow_within": {"max_priority": 5, "x": 1}}}),
+        "queues[0].quotas[0].preemption.borrow_within.x: unknown field",
+        id="borrow_within takes only max_priority",
+    ),
+    pytest.param(["not", "a", "mapping"], "expected a mapping", id="top level must be a mapping"),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), BAD)
+def test_bad_quota_files_are_refused_naming_the_field(data, message):
+    with pytest.raises(PolicyError) as error:
+        parse_quota_file(data)
+    assert str(error.value).startswith(message) or message in str(error.value)
+
+
+def test_the_quota_limit_per_queue_is_a_setting():
+    data = one_queue(*({"name": f"q{i}", "capacity": 1} for i in range(21)), capacity=32)
+    assert len(parse_quota_file(data, max_quotas_per_queue=30).queues[0].quotas) == 21
+
+
+def test_unknown_quota_names_list_the_known_ones():
+    with pytest.raises(PolicyError, match=r"quota: 'team-x' is not one of team-a, team-b, inference"):
+        load_quota_file(EXAMPLE).quota("team-x")
+
+
+def test_unreadable_and_malformed_files_are_policy_errors(tmp_path):
+    with pytest.raises(PolicyError, match="cannot read the quota file"):
+        load_quota_file(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("queues: [\n")
+    with pytest.raises(PolicyError, match="not valid YAML"):
+        load_quota_file(bad)
+
+
+def test_yaml_and_dict_give_the_same_file(tmp_path):
+    path = tmp_path / "q.yaml"
+    data = one_queue({"name": "a", "capacity": 4, "sharing": "reserve"})
+    path.write_text(yaml.safe_dump(data))
+    assert load_quota_file(path) == parse_quota_file(data)

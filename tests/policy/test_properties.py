@@ -1,0 +1,205 @@
+"""Invariants of ``decide`` over generated queues (hypothesis; 1,000 examples each in CI).
+
+The balance rule is re-derived here from DESIGN §2, independently of ``policy.capacity``, and every
+generated running set is built by admitting jobs one by one while that rule holds.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from airflow_quota_provider.policy import Job, PreemptionPolicy, Quota, State, decide
+from airflow_quota_provider.policy.ordering import queue_order
+
+SHARING = ("reserve", "lend", "lend_and_borrow")
+
+
+def balanced(used: dict[str, int], quotas: dict[str, Quota], capacity: int, *, within: str | None = None) -> bool:
+    """DESIGN §2: every quota within its capacity or borrow limit, borrowing covered by what is lent;
+    with ``within``, that quota must also stay within its own capacity."""
+    common = capacity - sum(q.capacity for q in quotas.values())
+    borrowed_total = lent = 0
+    for name, quota in quotas.items():
+        use = used.get(name, 0)
+        if use > quota.capacity:
+            if quota.sharing != "lend_and_borrow" or name == within:
+                return False
+            if quota.borrow_limit is not None and use - quota.capacity > quota.borrow_limit:
+                return False
+            borrowed_total += use - quota.capacity
+        elif quota.sharing != "reserve":
+            private = quota.capacity - (quota.lend_limit if quota.lend_limit is not None else quota.capacity)
+            lent += max(0, quota.capacity - max(use, private))
+    return borrowed_total <= common + lent and sum(used.values()) <= capacity
+
+
+@st.composite
+def quotas(draw) -> tuple[Quota, ...]:
+    result = []
+    for index in range(draw(st.integers(1, 4))):
+        capacity = draw(st.integers(0, 6))
+        sharing = draw(st.sampled_from(SHARING))
+        result.append(
+            Quota(
+                name=f"q{index}",
+                capacity=capacity,
+                sharing=sharing,
+                borrow_limit=draw(st.none() | st.integers(0, 4)) if sharing == "lend_and_borrow" else None,
+                lend_limit=draw(st.none() | st.integers(0, capacity)) if sharing != "reserve" else None,
+                weight=draw(st.sampled_from((1.0, 2.0, 3.0))),
+                preemption=PreemptionPolicy(
+                    within_quota=draw(st.sampled_from(("never", "lower_priority", "lower_or_newer_equal_priority"))),
+                    reclaim=draw(st.sampled_from(("never", "lower_priority", "any"))),
+                    borrow_within=draw(st.none() | st.integers(0, 5)) if sharing == "lend_and_borrow" else None,
+                ),
+                min_runtime_s=draw(st.sampled_from((0.0, 0.0, 50.0))),
+                preemption_delay_s=draw(st.sampled_from((0.0, 0.0, 50.0))),
+                max_preemptions=draw(st.none() | st.integers(0, 2)),
+                on_preemption_limit=draw(st.sampled_from(("fail", "protect"))),
+            )
+        )
+    return tuple(result)
+
+
+@st.composite
+def states(draw, *, protections: bool = True, stopping: bool = True) -> State:
+    quota_list = draw(quotas())
+    if not protections:
+        quota_list = tuple(
+            replace(q, min_runtime_s=0.0, preemption_delay_s=0.0, on_preemption_limit="fail", preemption=replace(q.preemption, reclaim="any"))
+            for q in quota_list
+        )
+    by_name = {q.name: q for q in quota_list}
+    capacity = max(1, sum(q.capacity for q in quota_list) + draw(st.integers(0, 4)))
+    used = dict.fromkeys(by_name, 0)
+    physical = 0
+    running = []
+    for index in range(draw(st.integers(0, 10))):
+        name = draw(st.sampled_from(sorted(by_name)))
+        gpus = draw(st.integers(1, 4))
+        is_stopping = stopping and draw(st.integers(0, 5)) == 0
+        trial = dict(used, **{name: used[name] + gpus})
+        if physical + gpus > capacity or (not is_stopping and not balanced(trial, by_name, capacity)):
+            continue
+        physical += gpus
+        if not is_stopping:
+            used = trial
+        running.append(
+            Job(
+                id=f"r{index}",
+                quota=name,
+                gpus=gpus,
+                priority=draw(st.integers(0, 5)),
+                submitted_at=float(draw(st.integers(0, 50))),
+                started_at=float(draw(st.integers(0, 100))),
+                preemptible=draw(st.booleans()) if protections else True,
+                preemptions=draw(st.integers(0, 3)),
+                preempted_for=(f"p{draw(st.integers(0, 7))}" if is_stopping else None),
+            )
+        )
+    pending = [
+        Job(
+            id=f"p{index}",
+            quota=draw(st.sampled_from(sorted(by_name))),
+            gpus=draw(st.integers(1, 5)),
+            priority=draw(st.integers(0, 5)),
+            submitted_at=float(draw(st.integers(0, 100))),
+        )
+        for index in range(draw(st.integers(0, 8)))
+    ]
+    return State(capacity, quota_list, tuple(running), tuple(pending))
+
+
+def logical_start(state: State) -> dict[str, int]:
+    used = {q.name: 0 for q in state.quotas}
+    for job in state.running:
+        if job.preempted_for is None:
+            used[job.quota] += job.gpus
+    return used
+
+
+def logical_end(state: State, decision) -> dict[str, int]:
+    """Usage once every victim has stopped and every admitted or held job runs."""
+    used = logical_start(state)
+    jobs = {job.id: job for job in state.pending}
+    for preemption in decision.preempt:
+        used[preemption.quota] -= next(j.gpus for j in state.running if j.id == preemption.id)
+    holding = {p.id for p in decision.pending if p.reason.startswith("waiting for")}
+    for job_id in [*decision.admit, *holding]:
+        used[jobs[job_id].quota] += jobs[job_id].gpus
+    return used
+
+
+NOW = 100.0
+
+
+@given(states())
+def test_capacity_is_never_exceeded_once_victims_have_stopped(state):
+    decision = decide(state, NOW)
+    quotas_by_name = {q.name: q for q in state.quotas}
+    assert balanced(logical_end(state, decision), quotas_by_name, state.capacity)
+    jobs = {job.id: job for job in state.pending}
+    physical_now = sum(j.gpus for j in state.running) + sum(jobs[i].gpus for i in decision.admit)
+    assert physical_now <= state.capacity
+
+
+@given(states(protections=False, stopping=False))
+def test_a_job_fitting_its_own_unused_capacity_starts_or_gets_its_victims_in_the_same_cycle(state):
+    decision = decide(state, NOW)
+    used = logical_start(state)
+    rejected = {r.id for r in decision.reject}
+    for quota in state.quotas:
+        own = sorted((j for j in state.pending if j.quota == quota.name and j.id not in rejected), key=queue_order)
+        if own and own[0].gpus <= quota.capacity - used[quota.name]:
+            first = own[0]
+            assert first.id in decision.admit or any(p.for_ == first.id for p in decision.preempt), decision
+
+
+@given(states())
+def test_no_chosen_victim_can_be_given_back_while_the_job_still_fits(state):
+    decision = decide(state, NOW)
+    preemptors = {p.for_ for p in decision.preempt}
+    if len(preemptors) != 1:
+        return
+    (preemptor_id,) = preemptors
+    preemptor = next(j for j in state.pending if j.id == preemptor_id)
+    quotas_by_name = {q.name: q for q in state.quotas}
+    end = logical_end(state, decision)
+    within = preemptor.quota if end[preemptor.quota] <= quotas_by_name[preemptor.quota].capacity else None
+    for preemption in decision.preempt:
+        victim = next(j for j in state.running if j.id == preemption.id)
+        given_back = dict(end, **{victim.quota: end[victim.quota] + victim.gpus})
+        assert not balanced(given_back, quotas_by_name, state.capacity, within=within), preemption
+
+
+@given(states())
+def test_a_quota_within_its_capacity_never_loses_a_job_to_another_quota(state):
+    decision = decide(state, NOW)
+    quotas_by_name = {q.name: q for q in state.quotas}
+    pending_by_id = {j.id: j for j in state.pending}
+    running_by_id = {j.id: j for j in state.running}
+    # The most each quota can have used at any point of the cycle: at the start plus what it took in.
+    most = logical_start(state)
+    for job_id in [*decision.admit, *(p.id for p in decision.pending if p.reason.startswith("waiting for"))]:
+        most[pending_by_id[job_id].quota] += pending_by_id[job_id].gpus
+    for preemption in decision.preempt:
+        victim = running_by_id[preemption.id]
+        preemptor = pending_by_id[preemption.for_]
+        if victim.quota != preemptor.quota:
+            assert most[victim.quota] > quotas_by_name[victim.quota].capacity, preemption
+        most[victim.quota] -= victim.gpus
+
+
+@given(states(), st.randoms())
+def test_the_same_input_always_gives_the_same_decision(state, rng: random.Random):
+    decision = decide(state, NOW).to_dict()
+    assert decide(state, NOW).to_dict() == decision
+    shuffled_running, shuffled_pending = list(state.running), list(state.pending)
+    rng.shuffle(shuffled_running)
+    rng.shuffle(shuffled_pending)
+    shuffled = replace(state, running=tuple(shuffled_running), pending=tuple(shuffled_pending))
+    assert decide(shuffled, NOW).to_dict() == decision
