@@ -1,0 +1,439 @@
+"""Discrete-event replay of a workload through ``policy.decide``, the function the executor calls.
+
+The event loop is SimPy's core in miniature (:class:`Environment`): a heap keyed
+``(time, priority, seq)``, ``now`` that only moves when :meth:`Environment.step` pops an event, and
+``schedule``/``peek``/``step``/``run``. At one moment, finishes and stops run before arrivals, and
+the policy is asked last, once per job queue that changed (:data:`DECIDE`), so a burst of events at
+the same second costs one decision.
+
+What the replay does with a :class:`~airflow_quota_provider.policy.Decision`, exactly as the
+executor does:
+
+- ``admit``: the job starts now and, unless stopped, finishes ``remaining work`` later.
+- ``preempt``: the victim keeps running and holding its GPUs for its quota's ``grace_period_s``,
+  passed back to ``decide`` in ``running`` with ``preempted_for`` set. When the grace period ends it
+  stops and loses the work done since its last checkpoint (a checkpoint every
+  ``checkpoint_interval_s`` of run time; none when that is 0 or unset), then goes back to its queue
+  at its original submit time, or fails when the preemption said ``fail``.
+- ``reject``: the job can never run; it is counted and reported, never retried.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from airflow_quota_provider.policy import Job, Queue, QuotaFile, State, decide as policy_decide
+from airflow_quota_provider.simulation.policies import PolicySetup
+from airflow_quota_provider.simulation.workload import InputError, TraceJob
+
+# Event priorities at equal time: capacity is freed before new work arrives; the policy runs last.
+FINISH, STOP, ARRIVE, DECIDE = 0, 1, 2, 3
+
+
+class CheckError(RuntimeError):
+    """A run broke one of its built-in checks (conservation, zero wait, capacity, liveness)."""
+
+
+class Environment:
+    """A SimPy-style event loop: callbacks on a heap keyed ``(time, priority, seq)``."""
+
+    def __init__(self, initial_time: float = 0.0) -> None:
+        self._now = float(initial_time)
+        self._heap: list[tuple[float, int, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = itertools.count()
+
+    @property
+    def now(self) -> float:
+        return self._now
+
+    def schedule(self, time: float, priority: int, callback: Callable[..., None], *args: Any) -> None:
+        if not time >= self._now:  # also rejects NaN
+            raise ValueError(f"cannot schedule at {time!r}, before now ({self._now!r})")
+        heapq.heappush(self._heap, (time, priority, next(self._seq), callback, args))
+
+    def peek(self) -> float:
+        """The time of the next event, ``inf`` when there is none."""
+        return self._heap[0][0] if self._heap else math.inf
+
+    def step(self) -> None:
+        time, _priority, _seq, callback, args = heapq.heappop(self._heap)
+        self._now = time
+        callback(*args)
+
+    def run(self, until: float | None = None) -> None:
+        """Process events until the heap is empty, or those before ``until``."""
+        if until is None:
+            while self._heap:
+                self.step()
+            return
+        if not isinstance(until, (int, float)) or not until >= self._now:
+            raise ValueError(f"until={until!r} must be a time at or after now ({self._now!r})")
+        while self._heap and self._heap[0][0] < until:
+            self.step()
+        self._now = float(until)
+
+
+class SimJob:
+    """The simulator's record of one job across its attempts."""
+
+    __slots__ = (
+        "trace", "quota", "queue", "priority", "checkpoint", "remaining", "status", "ready_at", "wait",
+        "first_start", "end", "start", "attempt", "preemptions", "busy", "lost", "in_quota", "reclaim",
+        "job", "stop_fail", "message",
+    )
+
+    def __init__(self, trace: TraceJob, quota: str, queue: "_QueueRun", priority: int, checkpoint: float) -> None:
+        self.trace = trace
+        self.quota = quota  # the quota of the configuration as given; figures are reported per this
+        self.queue = queue
+        self.priority = priority
+        self.checkpoint = checkpoint  # seconds of run time between checkpoints; 0 = none
+        self.remaining = trace.duration_s
+        self.status = "future"  # future | pending | running | completed | failed | rejected
+        self.ready_at = 0.0
+        self.wait = 0.0
+        self.first_start: float | None = None
+        self.end: float | None = None
+        self.start = 0.0
+        self.attempt = 0
+        self.preemptions = 0
+        self.busy = 0.0  # GPU-seconds held, lost work included
+        self.lost = 0.0  # GPU-seconds of work lost to preemption
+        self.in_quota = False
+        self.reclaim = False
+        self.job: Job | None = None
+        self.stop_fail = False
+        self.message = ""
+
+
+class _Usage:
+    """One reported quota's GPUs in use and jobs waiting over time, integrated as it changes."""
+
+    __slots__ = ("name", "capacity", "queue", "used", "pending_gpus", "pending_jobs", "last", "busy_area",
+                 "in_area", "over_area", "preemptions", "index")
+
+    def __init__(self, name: str, capacity: int, queue: "_QueueRun", index: int, start: float) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.queue = queue
+        self.index = index
+        self.used = 0
+        self.pending_gpus = 0
+        self.pending_jobs = 0
+        self.last = start
+        self.busy_area = 0.0  # GPU-seconds in use
+        self.in_area = 0.0  # GPU-seconds in use within the quota's capacity
+        self.over_area = 0.0  # GPU-seconds in use above it (borrowed)
+        self.preemptions = 0
+
+    def advance(self, now: float) -> None:
+        span = now - self.last
+        if span > 0 and self.used:
+            self.busy_area += span * self.used
+            if self.used > self.capacity:
+                self.in_area += span * self.capacity
+                self.over_area += span * (self.used - self.capacity)
+            else:
+                self.in_area += span * self.used
+        self.last = now
+
+
+class _QueueRun:
+    __slots__ = ("queue", "running", "pending", "used", "decide_at", "checkpoints", "last_pending", "timed", "wake_at")
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue  # as the policy sees it (after the policy's rewrite of the quota file)
+        self.running: dict[str, Job] = {}
+        self.pending: dict[str, Job] = {}
+        self.used = 0
+        self.decide_at: float | None = None
+        self.checkpoints: list[tuple[float, int, str]] = []
+        self.last_pending: dict[str, str] = {}
+        self.timed = any(q.min_runtime_s > 0 or q.preemption_delay_s > 0 for q in queue.quotas)
+        self.wake_at: float | None = None
+
+
+@dataclass
+class SimulationResult:
+    """Everything a run produced; :mod:`.metrics` turns it into figures."""
+
+    policy: str
+    jobs: list[SimJob]
+    usage: dict[str, _Usage]
+    capacity: int
+    start: float
+    end: float
+    decisions: int
+    timeline: list[tuple[float, int, int, int]] | None
+    """(time, quota index, change in GPUs in use, change in waiting jobs), when recorded."""
+    quota_names: list[str] = field(default_factory=list)
+
+
+DecideFn = Callable[[State, float], Any]
+
+
+class Simulator:
+    """One replay of one workload under one policy setup."""
+
+    def __init__(
+        self,
+        quota_file: QuotaFile,
+        setup: PolicySetup,
+        jobs: Sequence[TraceJob],
+        *,
+        checkpoint_interval_s: float = 0.0,
+        decide: DecideFn = policy_decide,
+        record_timeline: bool = False,
+        on_progress: Callable[[float], None] | None = None,
+        progress_every: int = 2000,
+    ) -> None:
+        if not jobs:
+            raise InputError("--trace", "no jobs to simulate")
+        self.setup = setup
+        self.decide_fn = decide
+        self.env = Environment(min(j.submit_time_s for j in jobs))
+        self.start = self.env.now
+        self.queues = {q.name: _QueueRun(q) for q in setup.quota_file.queues}
+        self.usage: dict[str, _Usage] = {}
+        for queue in quota_file.queues:
+            run = self.queues[queue.name]
+            for quota in queue.quotas:
+                self.usage[quota.name] = _Usage(quota.name, quota.capacity, run, len(self.usage), self.start)
+        self.timeline: list[tuple[float, int, int, int]] | None = [] if record_timeline else None
+        self.on_progress = on_progress
+        self.progress_every = progress_every
+        self.decisions = 0
+        self.jobs: dict[str, SimJob] = {}
+        teams_unknown: dict[str, None] = {}
+        for trace in jobs:
+            quota = quota_file.quota_for_team(trace.team)
+            if quota is None:
+                teams_unknown[trace.team] = None
+                continue
+            queue_name = quota_file.queue_of(quota).name
+            run = self.queues[queue_name]
+            priority = 0 if setup.equal_priority else (trace.priority or 0)
+            checkpoint = trace.checkpoint_interval_s if trace.checkpoint_interval_s is not None else checkpoint_interval_s
+            job = SimJob(trace, quota, run, priority, checkpoint or 0.0)
+            job.job = Job(id=trace.id, quota=setup.fifo_quota.get(queue_name, quota), gpus=trace.gpus,
+                          priority=priority, submitted_at=trace.submit_time_s)
+            self.jobs[trace.id] = job
+        if teams_unknown:
+            names = ", ".join(q.name for queue in quota_file.queues for q in queue.quotas)
+            raise InputError("--config", f"no quota for team(s) {', '.join(teams_unknown)}: name a quota after "
+                             f"the team or list it under a quota's teams (quotas: {names})")
+        for job in self.jobs.values():
+            self.env.schedule(job.trace.submit_time_s, ARRIVE, self._arrive, job)
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def _mark(self, run: _QueueRun) -> None:
+        now = self.env.now
+        if run.decide_at != now:
+            run.decide_at = now
+            self.env.schedule(now, DECIDE, self._decide, run)
+
+    def _record(self, usage: _Usage, d_used: int, d_waiting: int) -> None:
+        if self.timeline is not None:
+            self.timeline.append((self.env.now, usage.index, d_used, d_waiting))
+
+    def _arrive(self, job: SimJob) -> None:
+        now = self.env.now
+        usage = self.usage[job.quota]
+        run = job.queue
+        gpus = job.trace.gpus
+        usage.advance(now)
+        needed = usage.pending_gpus + gpus
+        job.in_quota = usage.used + needed <= usage.capacity
+        # Within its quota, yet the pool has no room for it: others hold capacity this quota lends.
+        job.reclaim = job.in_quota and run.queue.capacity - run.used < needed
+        self._enqueue(job, now)
+
+    def _enqueue(self, job: SimJob, now: float) -> None:
+        usage = self.usage[job.quota]
+        job.status = "pending"
+        job.ready_at = now
+        job.queue.pending[job.trace.id] = job.job
+        usage.pending_gpus += job.trace.gpus
+        usage.pending_jobs += 1
+        self._record(usage, 0, 1)
+        self._mark(job.queue)
+
+    def _release(self, job: SimJob, now: float) -> None:
+        usage = self.usage[job.quota]
+        usage.advance(now)
+        usage.used -= job.trace.gpus
+        job.queue.used -= job.trace.gpus
+        del job.queue.running[job.trace.id]
+        job.busy += (now - job.start) * job.trace.gpus
+        self._record(usage, -job.trace.gpus, 0)
+        self._mark(job.queue)
+
+    def _finish(self, job: SimJob, attempt: int) -> None:
+        if job.attempt != attempt or job.status != "running":
+            return
+        now = self.env.now
+        self._release(job, now)
+        job.remaining = 0.0
+        job.status = "completed"
+        job.end = now
+
+    def _stop(self, job: SimJob, attempt: int) -> None:
+        if job.attempt != attempt or job.status != "running":
+            return  # it finished during its grace period
+        now = self.env.now
+        elapsed = now - job.start
+        saved = math.floor(elapsed / job.checkpoint) * job.checkpoint if job.checkpoint > 0 else 0.0
+        saved = min(saved, job.remaining)
+        self._release(job, now)
+        job.lost += (elapsed - saved) * job.trace.gpus
+        job.remaining -= saved
+        if job.stop_fail:
+            job.status = "failed"
+            job.end = now
+            return
+        job.job = replace(job.job, started_at=None, last_checkpoint_at=None, preempted_for=None,
+                          preemptions=job.job.preemptions + 1)
+        self._enqueue(job, now)
+
+    def _refresh_checkpoints(self, run: _QueueRun, now: float) -> None:
+        heap = run.checkpoints
+        while heap and heap[0][0] <= now:
+            _, attempt, job_id = heapq.heappop(heap)
+            job = self.jobs[job_id]
+            if job.status != "running" or job.attempt != attempt:
+                continue
+            last = job.start + math.floor((now - job.start) / job.checkpoint) * job.checkpoint
+            job.job = replace(job.job, last_checkpoint_at=last)
+            run.running[job_id] = job.job
+            heapq.heappush(heap, (last + job.checkpoint, attempt, job_id))
+
+    def _decide(self, run: _QueueRun) -> None:
+        now = self.env.now
+        run.decide_at = None
+        if not run.pending:
+            return  # nothing to admit, reject or preempt for: the decision is empty by definition
+        self._refresh_checkpoints(run, now)
+        state = State.for_queue(run.queue, run.running.values(), run.pending.values())
+        decision = self.decide_fn(state, now)
+        self.decisions += 1
+        if self.on_progress is not None and self.decisions % self.progress_every == 0:
+            self.on_progress(now)
+        for rejection in decision.reject:
+            job = self._pending_job(run, rejection.id, "reject")
+            del run.pending[job.trace.id]
+            self._unpend(job)
+            job.status = "rejected"
+            job.end = now
+            job.message = rejection.reason
+        for preemption in decision.preempt:
+            job = self.jobs.get(preemption.id)
+            if job is None or job.status != "running" or job.queue is not run:
+                raise CheckError(f"policy preempted {preemption.id!r}, which is not running in queue {run.queue.name}")
+            if job.job.preempted_for is not None:
+                raise CheckError(f"policy preempted {preemption.id!r} again while it is still stopping")
+            job.job = replace(job.job, preempted_for=preemption.for_)
+            run.running[job.trace.id] = job.job
+            job.preemptions += 1
+            job.stop_fail = bool(preemption.fail)
+            job.message = preemption.message if preemption.fail else ""
+            self.usage[job.quota].preemptions += 1
+            grace = run.queue.quota(job.job.quota).grace_period_s
+            self.env.schedule(now + grace, STOP, self._stop, job, job.attempt)
+        for job_id in decision.admit:
+            job = self._pending_job(run, job_id, "admit")
+            self._start(run, job, now)
+        run.last_pending = {p.id: p.reason for p in decision.pending} if decision.pending else {}
+        if run.pending and run.timed:
+            self._wake_for_timers(run, now)
+
+    def _wake_for_timers(self, run: _QueueRun, now: float) -> None:
+        """Ask again when a time-based rule may let a waiting job through though nothing else changed:
+        a running job passing its ``min_runtime_s``, or a waiting one its ``preemption_delay_s``."""
+        quotas = {q.name: q for q in run.queue.quotas}
+        wake = math.inf
+        for job in run.running.values():
+            if job.preempted_for is None:
+                min_runtime = job.min_runtime_s if job.min_runtime_s is not None else quotas[job.quota].min_runtime_s
+                if job.started_at + min_runtime > now:
+                    wake = min(wake, job.started_at + min_runtime)
+        for job in run.pending.values():
+            delay = quotas[job.quota].preemption_delay_s
+            if job.submitted_at + delay > now:
+                wake = min(wake, job.submitted_at + delay)
+        if wake < math.inf and run.wake_at != wake:
+            run.wake_at = wake
+            self.env.schedule(wake, DECIDE, self._wake, run)
+
+    def _wake(self, run: _QueueRun) -> None:
+        run.wake_at = None
+        if run.decide_at != self.env.now:
+            self._decide(run)
+
+    def _pending_job(self, run: _QueueRun, job_id: str, verb: str) -> SimJob:
+        job = self.jobs.get(job_id)
+        if job is None or job.status != "pending" or job_id not in run.pending:
+            raise CheckError(f"policy tried to {verb} {job_id!r}, which is not pending in queue {run.queue.name}")
+        return job
+
+    def _unpend(self, job: SimJob) -> None:
+        usage = self.usage[job.quota]
+        usage.pending_gpus -= job.trace.gpus
+        usage.pending_jobs -= 1
+        self._record(usage, 0, -1)
+
+    def _start(self, run: _QueueRun, job: SimJob, now: float) -> None:
+        del run.pending[job.trace.id]
+        self._unpend(job)
+        gpus = job.trace.gpus
+        run.used += gpus
+        if run.used > run.queue.capacity:
+            raise CheckError(f"policy admitted {job.trace.id!r} ({gpus} GPUs) at t={now:g}: queue {run.queue.name} "
+                             f"would use {run.used} GPUs of {run.queue.capacity}")
+        usage = self.usage[job.quota]
+        usage.advance(now)
+        usage.used += gpus
+        self._record(usage, gpus, 0)
+        job.status = "running"
+        job.attempt += 1
+        job.start = now
+        job.wait += now - job.ready_at
+        if job.first_start is None:
+            job.first_start = now
+        job.job = replace(job.job, started_at=now, last_checkpoint_at=now)
+        run.running[job.trace.id] = job.job
+        self.env.schedule(now + job.remaining, FINISH, self._finish, job, job.attempt)
+        if job.checkpoint > 0:
+            heapq.heappush(run.checkpoints, (now + job.checkpoint, job.attempt, job.trace.id))
+
+    # -- the run ----------------------------------------------------------------------------------
+
+    def run(self) -> SimulationResult:
+        self.env.run()
+        stuck = [j for j in self.jobs.values() if j.status in ("pending", "running", "future")]
+        if stuck:
+            sample = stuck[0]
+            reason = sample.queue.last_pending.get(sample.trace.id, "no reason given")
+            raise CheckError(
+                f"{self.setup.name}: {len(stuck)} job(s) never finished and nothing is left to happen, e.g. "
+                f"{sample.trace.id!r} ({sample.trace.gpus} GPUs, quota {sample.quota}): {reason}"
+            )
+        end = max((j.end for j in self.jobs.values() if j.end is not None), default=self.start)
+        for usage in self.usage.values():
+            usage.advance(end)
+        return SimulationResult(
+            policy=self.setup.name,
+            jobs=list(self.jobs.values()),
+            usage=self.usage,
+            capacity=sum(q.capacity for q in self.setup.quota_file.queues),
+            start=self.start,
+            end=end,
+            decisions=self.decisions,
+            timeline=self.timeline,
+            quota_names=list(self.usage),
+        )
