@@ -462,18 +462,21 @@ class QuotaExecutor(BaseExecutor):
         return changed
 
     def _keep_queued_alive(self, session: Session) -> bool:
-        """Refresh queued_dttm of tasks waiting for quota so task_queued_timeout does not fail them."""
+        """Refresh queued_dttm of tasks waiting for quota (or launched and still starting) so that
+        ``task_queued_timeout`` does not revoke them and, after two revokes, fail them."""
         now = time.time()
-        if now - self._last_keepalive < KEEPALIVE_EVERY_S or not conf.getboolean(
+        timeout = conf.getfloat("scheduler", "task_queued_timeout")
+        if now - self._last_keepalive < min(KEEPALIVE_EVERY_S, timeout / 4) or not conf.getboolean(
             "quota", "keep_queued_alive", fallback=True
         ):
             return False
         self._last_keepalive = now
-        timeout = conf.getfloat("scheduler", "task_queued_timeout")
-        cutoff = timezone.utcnow() - timedelta(seconds=timeout / 2)
+        cutoff = timezone.utcnow() - timedelta(seconds=timeout / 4)
+        # Waiting jobs, and launched ones whose task has not reported running yet (a slow start).
         keys = session.execute(
             select(QuotaJob.dag_id, QuotaJob.run_id, QuotaJob.task_id, QuotaJob.map_index).where(
-                QuotaJob.state == JobState.PENDING.value, QuotaJob.workload.is_not(None)
+                QuotaJob.state.in_([JobState.PENDING.value, JobState.RUNNING.value, JobState.STOPPING.value]),
+                QuotaJob.workload.is_not(None),
             )
         ).all()
         if not keys:

@@ -1,0 +1,65 @@
+"""One real Airflow shared by the executor integration tests (see tests/integration_support.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration_support import AirflowInstance
+
+DAGS = Path(__file__).parent / "dags"
+
+QUOTAS = """
+queues:
+  - name: q-borrow
+    capacity: 4
+    quotas:
+      - {name: team-a, capacity: 2, grace_period_s: 6}
+      - {name: team-b, capacity: 2, grace_period_s: 6}
+  - name: q-prio
+    capacity: 1
+    quotas:
+      - {name: team-p, capacity: 1, grace_period_s: 3}
+  - name: q-set
+    capacity: 1
+    quotas:
+      - {name: team-s, capacity: 1, preemption: {within_quota: never}}
+  - name: q-limit
+    capacity: 1
+    quotas:
+      - {name: team-l, capacity: 1, grace_period_s: 3, max_preemptions: 0}
+  - name: q-rej
+    capacity: 1
+    quotas:
+      - {name: team-r, capacity: 1, sharing: reserve}
+  - name: q-wait
+    capacity: 1
+    quotas:
+      - {name: team-w, capacity: 1}
+  - name: q-kill
+    capacity: 2
+    quotas:
+      - {name: team-k, capacity: 2}
+"""
+
+QUEUED_TIMEOUT_S = 8
+
+
+@pytest.fixture(scope="session")
+def airflow(tmp_path_factory) -> AirflowInstance:
+    instance = AirflowInstance(
+        tmp_path_factory.mktemp("airflow-quota"),
+        port=18011,
+        quota_file=QUOTAS,
+        dags_folder=DAGS,
+        extra_env={
+            "AIRFLOW__QUOTA__VIRTUAL_GPUS": "11",
+            "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": str(QUEUED_TIMEOUT_S),
+        },
+    )
+    try:
+        instance.start()
+        yield instance
+    finally:
+        instance.stop()

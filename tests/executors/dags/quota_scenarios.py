@@ -1,0 +1,111 @@
+"""DAGs of the QuotaExecutor integration tests; each scenario has its own job queue (quotas.yaml)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pendulum
+
+from airflow.sdk import DAG, task
+from airflow_quota_provider.operators.training import QuotaTrainingOperator
+
+STUB = Path(__file__).resolve().parents[1] / "train_stub.py"
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+
+def record(event: str, **fields) -> None:
+    from airflow.sdk import get_current_context
+
+    ti = get_current_context()["ti"]
+    line = {
+        "t": time.time(),
+        "event": event,
+        "dag_id": ti.dag_id,
+        "task_id": ti.task_id,
+        "run_id": ti.run_id,
+        "try_number": ti.try_number,
+        "pid": os.getpid(),
+        "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "job_id": os.environ.get("QUOTA_JOB_ID"),
+        "preemptions": os.environ.get("QUOTA_PREEMPTION_COUNT"),
+        **fields,
+    }
+    root = Path(os.environ.get("QUOTA_TEST_RECORDS", "/tmp"))
+    with open(root / f"task-{os.getpid()}.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def train(task_id: str, quota: str, *, gpus: int = 1, priority: int = 0, steps: int = 10, step_s: float = 1.0, **kw):
+    return QuotaTrainingOperator(
+        task_id=task_id,
+        quota=quota,
+        gpus=gpus,
+        priority=priority,
+        command=[sys.executable, str(STUB), task_id, str(steps), str(step_s)],
+        **kw,
+    )
+
+
+def plain_sleep(task_id: str, pool: str, seconds: float, *, priority: int = 0, pool_slots: int = 1, **kw):
+    """A plain Python task that knows nothing of the preemption protocol."""
+
+    @task(task_id=task_id, pool=pool, pool_slots=pool_slots, priority_weight=priority,
+          weight_rule="absolute", executor="quota", **kw)
+    def _sleep():
+        record("start")
+        time.sleep(seconds)
+        record("done")
+
+    return _sleep()
+
+
+# Borrowing and reclaim (queue q-borrow: team-a 2 + team-b 2 GPUs, grace 6 s).
+with DAG("borrow_b", schedule=None, start_date=START, catchup=False):
+    for i in range(4):
+        train(f"b{i}", "team-b", priority=10, steps=16, step_s=1.0)
+
+with DAG("reclaim_a", schedule=None, start_date=START, catchup=False):
+    for i in range(2):
+        train(f"a{i}", "team-a", priority=10, steps=3, step_s=1.0)
+
+# Within-quota preemption of a plain task by priority (queue q-prio: team-p 1 GPU, grace 3 s).
+with DAG("prio_low", schedule=None, start_date=START, catchup=False):
+    plain_sleep("low", "team-p", 14, priority=1)
+
+with DAG("prio_high", schedule=None, start_date=START, catchup=False):
+    plain_sleep("high", "team-p", 3, priority=50)
+
+# set-priority changes who runs next (queue q-set: team-s 1 GPU, within_quota never).
+with DAG("set_block", schedule=None, start_date=START, catchup=False):
+    plain_sleep("block", "team-s", 12, priority=1)
+
+with DAG("set_waiters", schedule=None, start_date=START, catchup=False):
+    plain_sleep("w1", "team-s", 1, priority=10)
+    plain_sleep("w2", "team-s", 1, priority=5)
+
+# max_preemptions 0: the first preemption fails the task (queue q-limit: team-l 1 GPU).
+with DAG("limit_victim", schedule=None, start_date=START, catchup=False):
+    train("victim", "team-l", priority=1, steps=30, step_s=1.0)
+
+with DAG("limit_preemptor", schedule=None, start_date=START, catchup=False):
+    plain_sleep("preemptor", "team-l", 2, priority=50)
+
+# Jobs that can never run fail; the others run (queue q-rej: team-r 1 GPU).
+with DAG("reject", schedule=None, start_date=START, catchup=False):
+    plain_sleep("unknown_quota", "default_pool", 1, executor_config={"quota": {"quota": "no-such-team"}})
+    plain_sleep("too_many_gpus", "team-r", 1, pool_slots=5)
+    plain_sleep("fits", "team-r", 1)
+
+# A job that waits longer than task_queued_timeout still runs (queue q-wait: team-w 1 GPU).
+with DAG("queued_timeout", schedule=None, start_date=START, catchup=False):
+    plain_sleep("hold", "team-w", 25, priority=10)
+    plain_sleep("waiter", "team-w", 1, priority=1)
+
+# Scheduler killed and restarted while these run (queue q-kill: team-k 2 GPUs).
+with DAG("survive_restart", schedule=None, start_date=START, catchup=False):
+    for i in range(4):
+        train(f"k{i}", "team-k", priority=10, steps=10, step_s=1.0)

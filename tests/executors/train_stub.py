@@ -1,0 +1,59 @@
+"""A training command for the integration tests: steps with a checkpoint after each, and a record
+of what happened (start, resume point, SIGTERM, done) in ``$QUOTA_TEST_RECORDS``.
+
+usage: train_stub.py NAME STEPS STEP_SECONDS
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+
+def record(event: str, **fields) -> None:
+    root = Path(os.environ.get("QUOTA_TEST_RECORDS", "/tmp"))
+    line = {
+        "t": time.time(),
+        "event": event,
+        "name": NAME,
+        "pid": os.getpid(),
+        "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "preemptions": os.environ.get("QUOTA_PREEMPTION_COUNT"),
+        **fields,
+    }
+    with open(root / f"cmd-{os.getpid()}.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+NAME, STEPS, STEP_S = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+CKPT = Path(os.environ["QUOTA_CHECKPOINT_DIR"])
+step = 0
+
+
+def checkpoint() -> None:
+    tmp = CKPT / f"step-{step:05d}.tmp"
+    tmp.write_text(str(step))
+    os.replace(tmp, CKPT / f"step-{step:05d}")
+
+
+def on_sigterm(signum, frame):
+    record("sigterm", step=step)
+    checkpoint()
+    record("checkpointed", step=step)
+    sys.exit(143)
+
+
+signal.signal(signal.SIGTERM, on_sigterm)
+resume = os.environ.get("QUOTA_RESUME_FROM") or ""
+if resume:
+    step = int(Path(resume).read_text())
+record("start", step=step, resume_from=resume)
+while step < STEPS:
+    time.sleep(STEP_S)
+    step += 1
+    checkpoint()
+record("done", step=step)
