@@ -17,7 +17,7 @@ import pytest
 
 from tests.aws_fake.fixtures import JOB_QUEUE, aws_fake  # noqa: F401  (fixture)
 
-from airflow.exceptions import TaskDeferred
+from airflow.sdk.exceptions import TaskDeferred
 from airflow.providers.common.compat.sdk import AirflowException
 
 from airflow_quota_provider.hooks.batch_quota import TASK_INSTANCE_TAG, BatchQuotaShareHook
