@@ -12,6 +12,38 @@ def get_provider_info():
         "name": "Airflow Quota Provider",
         "description": "Shared GPU quotas for Apache Airflow: borrowing, lending and priority preemption.",
         "versions": ["0.1.0"],
+        # --- AWS Batch backend (quota shares, SageMaker training service jobs) ---
+        "integrations": [
+            {
+                "integration-name": "AWS Batch shared quotas",
+                "external-doc-url": "https://docs.aws.amazon.com/batch/latest/userguide/",
+                "tags": ["aws"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": "AWS Batch shared quotas",
+                "python-modules": ["airflow_quota_provider.hooks.batch_quota"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "AWS Batch shared quotas",
+                "python-modules": ["airflow_quota_provider.operators.batch_training"],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": "AWS Batch shared quotas",
+                "python-modules": ["airflow_quota_provider.sensors.batch_service_job"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "AWS Batch shared quotas",
+                "python-modules": ["airflow_quota_provider.triggers.batch_service_job"],
+            }
+        ],
         # --- task side (QuotaTrainingOperator, @task.quota) ---
         "task-decorators": [
             {"class-name": "airflow_quota_provider.decorators.quota.quota_task", "name": "quota"}
