@@ -179,7 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(format_table(run.report))
     for name, seconds in run.replay_s.items():
-        print(f"replay {name}: {seconds:.1f} s", file=sys.stderr)
+        print(f"replay {name}: {seconds:.1f} s ({run.replay_cpu_s[name]:.1f} s CPU, "
+              f"{run.report['policies'][name]['decisions']} decisions)", file=sys.stderr)
     return 0
 
 

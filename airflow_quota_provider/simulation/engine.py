@@ -54,7 +54,7 @@ class Environment:
     def schedule(self, time: float, priority: int, callback: Callable[..., None], *args: Any) -> None:
         if not time >= self._now:  # also rejects NaN
             raise ValueError(f"cannot schedule at {time!r}, before now ({self._now!r})")
-        heapq.heappush(self._heap, (time, priority, next(self._seq), callback, args))
+        heapq.heappush(self._heap, (float(time), priority, next(self._seq), callback, args))
 
     def peek(self) -> float:
         """The time of the next event, ``inf`` when there is none."""

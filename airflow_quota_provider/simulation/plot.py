@@ -70,6 +70,7 @@ def plot(results: Mapping[str, SimulationResult], path: str | Path, *, title: st
             right.plot(x, series, linewidth=0.7, color=colours(index % colours.N), label=result.quota_names[index])
         right.set_ylabel("waiting jobs")
         right.set_yscale("symlog", linthresh=10)
+        right.set_ylim(bottom=0, top=max(10.0, 1.3 * max((max(w) for w in waiting), default=0.0)))
         if row == 0:
             left.set_title("GPUs in use, stacked by quota (dashed: pool capacity)")
             right.set_title("jobs waiting, per quota")

@@ -1,0 +1,148 @@
+"""Exact figures for hand-made traces, under the three policies, all decided by ``policy.decide``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_quota_provider.policy import decide
+from airflow_quota_provider.simulation.runner import simulate
+from airflow_quota_provider.simulation.workload import kueue_baseline
+from tests.simulation.builders import RECLAIM_JOBS, job, quota_file, two_quotas
+
+H = 3600.0
+
+
+def figures(report, policy, scope="overall"):
+    block = report["policies"][policy]
+    return block["overall"] if scope == "overall" else block["quotas"][scope]
+
+
+def test_borrow_then_reclaim_exact_figures():
+    run = simulate(quota_file(two_quotas()), RECLAIM_JOBS, ["quota"], checkpoint_interval_s=100)
+    report = run.report
+    a = figures(report, "quota", "a")
+    b = figures(report, "quota", "b")
+    overall = figures(report, "quota")
+    assert a == {
+        "jobs": 1, "gpu_hours": round(400 / H, 6), "utilisation": round(400 / (4 * 1180), 6),
+        "wait_mean_s": 30.0, "wait_p50_s": 30.0, "wait_p95_s": 30.0, "wait_p99_s": 30.0,
+        "in_quota_wait_p95_s": 30.0, "borrowed_gpu_hours": 0.0, "preemptions": 0, "lost_gpu_hours": 0.0,
+        "reclaim_latency_p95_s": 30.0, "makespan_s": 380.0,
+        "completed": 1, "rejected": 0, "failed": 0, "in_quota_jobs": 1, "reclaim_jobs": 1, "capacity": 4,
+    }
+    assert b == {
+        "jobs": 1, "gpu_hours": round(8000 / H, 6), "utilisation": round(4320 / (4 * 1180), 6),
+        "wait_mean_s": 100.0, "wait_p50_s": 100.0, "wait_p95_s": 100.0, "wait_p99_s": 100.0,
+        "in_quota_wait_p95_s": None, "borrowed_gpu_hours": 1.2, "preemptions": 1,
+        "lost_gpu_hours": round(640 / H, 6), "reclaim_latency_p95_s": None, "makespan_s": 1180.0,
+        "completed": 1, "rejected": 0, "failed": 0, "in_quota_jobs": 0, "reclaim_jobs": 0, "capacity": 4,
+    }
+    assert overall == {
+        "jobs": 2, "gpu_hours": round(8400 / H, 6), "utilisation": round(9040 / (8 * 1180), 6),
+        "wait_mean_s": 65.0, "wait_p50_s": 30.0, "wait_p95_s": 100.0, "wait_p99_s": 100.0,
+        "in_quota_wait_p95_s": 30.0, "borrowed_gpu_hours": 1.2, "preemptions": 1,
+        "lost_gpu_hours": round(640 / H, 6), "reclaim_latency_p95_s": 30.0, "makespan_s": 1180.0,
+        "completed": 2, "rejected": 0, "failed": 0, "in_quota_jobs": 1, "reclaim_jobs": 1, "capacity": 8,
+    }
+    assert report["policies"]["quota"]["checks"] == {"conservation": "passed", "zero_wait_queues": []}
+
+
+def test_static_rejects_what_exceeds_a_reserved_quota_and_never_preempts():
+    run = simulate(quota_file(two_quotas()), RECLAIM_JOBS, ["static"], checkpoint_interval_s=100)
+    a = figures(run.report, "static", "a")
+    b = figures(run.report, "static", "b")
+    # b1 asks for 8 GPUs of a 4-GPU quota that may not borrow: it can never run.
+    assert (b["jobs"], b["rejected"], b["gpu_hours"], b["wait_mean_s"], b["makespan_s"]) == (1, 1, 0.0, None, 0.0)
+    assert (a["wait_mean_s"], a["reclaim_jobs"], a["reclaim_latency_p95_s"], a["preemptions"]) == (0.0, 0, None, 0)
+    assert a["makespan_s"] == 350.0  # 250 + 100: a's own capacity was free
+    assert a["utilisation"] == round(400 / (4 * 350), 6)
+
+
+def test_fifo_runs_in_submit_order_and_reports_against_the_nominal_quotas():
+    run = simulate(quota_file(two_quotas()), RECLAIM_JOBS, ["fifo"], checkpoint_interval_s=100)
+    a = figures(run.report, "fifo", "a")
+    b = figures(run.report, "fifo", "b")
+    # No preemption: a1 waits for b1 to finish at 1000 although a's nominal capacity was lent.
+    assert (a["wait_mean_s"], a["in_quota_jobs"], a["reclaim_latency_p95_s"], a["makespan_s"]) == (750.0, 1, 750.0, 1100.0)
+    assert (b["preemptions"], b["lost_gpu_hours"], b["borrowed_gpu_hours"]) == (0, 0.0, round(4 * 1000 / H, 6))
+    assert figures(run.report, "fifo")["utilisation"] == round((8000 + 400) / (8 * 1100), 6)
+
+
+def test_preemption_past_the_limit_fails_the_job_with_its_saved_work_counted():
+    run = simulate(quota_file(two_quotas(max_preemptions=0)), RECLAIM_JOBS, ["quota"], checkpoint_interval_s=100)
+    b = figures(run.report, "quota", "b")
+    assert (b["failed"], b["completed"], b["preemptions"]) == (1, 0, 1)
+    assert b["gpu_hours"] == round((2240 - 640) / H, 6)  # held 280 s x 8, lost 80 s x 8
+    assert b["lost_gpu_hours"] == round(640 / H, 6)
+    assert b["makespan_s"] == 280.0
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "lost_s"),
+    [pytest.param(0, 280, id="no checkpoints: the whole attempt is lost"),
+     pytest.param(90, 10, id="checkpoints at 90,180,270: 10 s lost"),
+     pytest.param(1000, 280, id="no checkpoint reached yet")],
+)
+def test_lost_work_is_the_run_time_since_the_last_checkpoint(checkpoint, lost_s):
+    jobs = [job("b1", "b", 0, 1000, 8, checkpoint=checkpoint), job("a1", "a", 250, 100, 4)]
+    run = simulate(quota_file(two_quotas()), jobs, ["quota"], checkpoint_interval_s=100)
+    b = figures(run.report, "quota", "b")
+    assert b["lost_gpu_hours"] == round(lost_s * 8 / H, 6)
+    # It restarts at 380 with the unsaved work still to do.
+    assert b["makespan_s"] == 380 + 1000 - (280 - lost_s)
+
+
+def test_grace_period_decides_reclaim_latency():
+    run = simulate(quota_file(two_quotas(grace=0)), RECLAIM_JOBS, ["quota"], checkpoint_interval_s=100)
+    a = figures(run.report, "quota", "a")
+    assert (a["reclaim_latency_p95_s"], a["wait_mean_s"]) == (0.0, 0.0)
+
+
+def test_priority_preemption_within_a_quota_and_requeue_at_the_original_submit_time():
+    # One quota of 4: low1 runs; high arrives and preempts it; low2 (submitted after low1) must not
+    # overtake the requeued low1, which keeps its original submit time.
+    data = {"queues": [{"name": "pool", "capacity": 4, "quotas": [
+        {"name": "a", "capacity": 4, "grace_period_s": 10, "preemption": {"within_quota": "lower_priority"}}]}]}
+    jobs = [job("low1", "a", 0, 100, 4, priority=1), job("low2", "a", 5, 100, 4, priority=1),
+            job("high", "a", 50, 100, 4, priority=9)]
+    run = simulate(quota_file(data), jobs, ["quota"], checkpoint_interval_s=0)
+    result = run.results["quota"]
+    by_id = {j.trace.id: j for j in result.jobs}
+    assert (by_id["high"].first_start, by_id["high"].end) == (60.0, 160.0)
+    assert (by_id["low1"].preemptions, by_id["low1"].end) == (1, 260.0)  # lost all 60 s, reran 160-260
+    assert (by_id["low2"].first_start, by_id["low2"].end) == (260.0, 360.0)
+    assert run.report["policies"]["quota"]["by_priority"]["9"]["wait_mean_s"] == 10.0
+
+
+def test_enough_capacity_means_no_wait_under_every_policy():
+    jobs = [job(f"j{i}", "ab"[i % 2], i * 10, 55, 1 + i % 3) for i in range(12)]
+    run = simulate(quota_file(two_quotas(capacity=20, each=10)), jobs, checkpoint_interval_s=0)
+    for policy in ("quota", "static", "fifo"):
+        overall = figures(run.report, policy)
+        assert (overall["wait_p99_s"], overall["preemptions"]) == (0.0, 0)
+        assert run.report["policies"][policy]["checks"]["zero_wait_queues"] == ["pool"]
+
+
+def test_same_trace_twice_gives_identical_json():
+    quotas, jobs = kueue_baseline(groups=1, quotas_per_group=2)
+    jobs = [j for j in jobs if j.submit_time_s < 8]
+    first = simulate(quotas, jobs)
+    second = simulate(quotas, list(jobs))
+    assert json.dumps(first.report, sort_keys=True) == json.dumps(second.report, sort_keys=True)
+    assert first.report["policies"]["quota"]["overall"]["jobs"] == len(jobs)
+
+
+def test_decide_sees_stopping_victims_and_their_checkpoints():
+    seen = []
+
+    def recording(state, now):
+        seen.append((now, {j.id: (j.started_at, j.last_checkpoint_at, j.preempted_for) for j in state.running}))
+        return decide(state, now)
+
+    simulate(quota_file(two_quotas()), RECLAIM_JOBS, ["quota"], checkpoint_interval_s=100, decide=recording)
+    at_250 = dict(seen)[250.0]
+    assert at_250 == {"b1": (0.0, 200.0, None)}  # last checkpoint at 200, not yet chosen
+    times = [now for now, _ in seen]
+    assert times == sorted(times) and 280.0 in times  # asked again when the victim stopped
