@@ -126,7 +126,7 @@ class _QuotaDecoratedOperator(DecoratedOperator, PythonOperator):
         run = QuotaRun.prepare(checkpoint_dir=checkpoint_dir, grace_period_s=self.grace_period)
         if run.poll_preemption() is not None:
             self.log.warning("Preempted before the callable started")
-            raise run.reschedule(self.log)
+            raise run.preemption_outcome(self.log)
         self.log.info(
             "Quota %s, %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), priority %d; checkpoints in %s; resume from %s",
             self.quota,
@@ -142,15 +142,15 @@ class _QuotaDecoratedOperator(DecoratedOperator, PythonOperator):
             with _environ(run.env()), _preemption_delivery(run, self.on_preempt, self.log):
                 result = super().execute(context)
         except QuotaPreempted:
-            raise run.reschedule(self.log) from None
+            raise run.preemption_outcome(self.log) from None
         except Exception:
             if run.notice is not None:  # interrupted by the preemption in some other way
-                raise run.reschedule(self.log) from None
+                raise run.preemption_outcome(self.log) from None
             raise
         finally:
             _current = None
         if run.notice is not None:
-            raise run.reschedule(self.log)
+            raise run.preemption_outcome(self.log)
         return result
 
 

@@ -12,7 +12,9 @@ The contract with the executor, which launches the task process:
   and ``QUOTA_PREEMPT_FILE`` (a path that does not exist while the task may run);
 - to preempt, it writes ``QUOTA_PREEMPT_FILE`` (JSON ``{"reason", "preemptor", "deadline"}``,
   ``deadline`` in seconds since the epoch) and may also send SIGTERM to the task process. The
-  file is the signal: SIGTERM without it is an ordinary kill.
+  file is the signal: SIGTERM without it is an ordinary kill. Past the task's preemption limit the
+  notice also carries ``"fail": true`` and a ``"message"``: the command is stopped the same way,
+  then the task fails with that message (``AirflowFailException``, no retry).
 
 The operator runs ``command`` in its own process group with ``QUOTA_CHECKPOINT_DIR``,
 ``QUOTA_RESUME_FROM`` (the newest checkpoint in it, or empty) and ``QUOTA_PREEMPTION_COUNT``, polls
@@ -43,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowRescheduleException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowRescheduleException
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -202,6 +204,9 @@ class PreemptionNotice:
     preemptor: str | None
     deadline: float | None
     """Seconds since the epoch after which the executor stops the task by force; None: unknown."""
+    fail: bool = False
+    """Past the preemption limit: the task must fail (with ``message``) instead of being requeued."""
+    message: str | None = None
 
     @classmethod
     def read(cls, path: Path) -> PreemptionNotice | None:
@@ -222,6 +227,8 @@ class PreemptionNotice:
             reason=str(data.get("reason") or "preempted"),
             preemptor=None if data.get("preemptor") is None else str(data["preemptor"]),
             deadline=_epoch_seconds(data.get("deadline")),
+            fail=data.get("fail") is True,
+            message=None if data.get("message") is None else str(data["message"]),
         )
 
 
@@ -332,12 +339,21 @@ class QuotaRun:
             ENV_PREEMPTION_COUNT: str(self.preemption_count),
         }
 
-    def reschedule(self, log) -> AirflowRescheduleException:
-        """Acknowledge the notice (rename the file) and build the exception that requeues the task."""
+    def preemption_outcome(self, log) -> AirflowRescheduleException | AirflowFailException:
+        """
+        Acknowledge the notice (rename the file) and build the exception that ends this run: a
+        reschedule (no retry used), or a failure when the notice says the preemption limit is reached.
+        """
         notice = self.notice or PreemptionNotice(reason="preempted", preemptor=None, deadline=None)
         if self.preempt_file is not None:
             with contextlib.suppress(OSError):
                 os.replace(self.preempt_file, f"{self.preempt_file}{HANDLED_SUFFIX}")
+        if notice.fail:
+            message = notice.message or (
+                f"preempted ({notice.reason}) after reaching the task's preemption limit (max_preemptions)"
+            )
+            log.error("Preempted past the preemption limit; failing: %s", message)
+            return AirflowFailException(message)
         log.warning(
             "Preempted (%s) by %s: the task goes back to its quota's queue without using a retry "
             "(preemption %d); the next run resumes from %s",
@@ -449,7 +465,7 @@ class QuotaTrainingOperator(BaseOperator):
         run = QuotaRun.prepare(checkpoint_dir=checkpoint_dir, grace_period_s=self.grace_period)
         if run.poll_preemption() is not None:
             self.log.warning("Preempted before the command started")
-            raise run.reschedule(self.log)
+            raise run.preemption_outcome(self.log)
         self.log.info(
             "Quota %s, %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), priority %d; checkpoints in %s; resume from %s",
             self.quota,
@@ -461,7 +477,7 @@ class QuotaTrainingOperator(BaseOperator):
         )
         returncode, preempted = self._run_command(run)
         if preempted:
-            raise run.reschedule(self.log)
+            raise run.preemption_outcome(self.log)
         if self._kill_requested:
             raise AirflowException(f"Command was terminated (task killed; exit code {returncode})")
         if returncode != 0:

@@ -1,0 +1,277 @@
+"""QuotaTrainingOperator: arguments, and preemption end to end in a real Airflow task context.
+
+The end-to-end cases run the operator through ``dag.test()`` against a temporary SQLite
+AIRFLOW_HOME, start real commands (the example PyTorch script), write the executor's preempt file
+and read the task instance back from the metadata DB after every attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.operators.quota_airflow import (  # first: it keeps Airflow away from ~/airflow
+    TRAIN_SCRIPT,
+    make_airflow_home,
+    read_events,
+    wait_for,
+    write_preempt_file,
+)
+from airflow_quota_provider.operators.training import (
+    EXECUTOR_CONFIG_KEY,
+    PreemptionNotice,
+    QuotaTaskArgumentError,
+    QuotaTrainingOperator,
+    latest_checkpoint,
+)
+
+
+@pytest.fixture(scope="module")
+def airflow_home(tmp_path_factory):
+    return make_airflow_home(tmp_path_factory.mktemp("quota-ops-home"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+
+
+def test_quota_arguments_map_to_pool_slots_priority_and_executor_config():
+    op = QuotaTrainingOperator(
+        task_id="train",
+        quota="team-a",
+        gpus=4,
+        priority=50,
+        command="python train.py",
+        max_preemptions=3,
+        grace_period=timedelta(minutes=2),
+        preemptible=False,
+        executor_config={"other": 1},
+    )
+    assert (op.pool, op.pool_slots, op.priority_weight, str(op.weight_rule)) == ("team-a", 4, 50, "absolute")
+    assert op.executor == "quota"
+    assert op.executor_config == {
+        "other": 1,
+        EXECUTOR_CONFIG_KEY: {"preemptible": False, "max_preemptions": 3, "grace_period_s": 120.0},
+    }
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "fragment"),
+    [
+        pytest.param({"gpus": -1}, "gpus", "-1 is not an integer >= 1", id="negative gpus"),
+        pytest.param({"gpus": 0}, "gpus", "0 is not an integer >= 1", id="zero gpus"),
+        pytest.param({"gpus": 1.5}, "gpus", "1.5 is not an integer", id="fractional gpus"),
+        pytest.param({"gpus": True}, "gpus", "True is not an integer", id="boolean gpus"),
+        pytest.param({"priority": -5}, "priority", "-5 is not an integer >= 0", id="negative priority"),
+        pytest.param({"quota": ""}, "quota", "is not a quota name", id="empty quota"),
+        pytest.param({"quota": "team a"}, "quota", "'team a' is not a quota name", id="quota with a space"),
+        pytest.param({"max_preemptions": -1}, "max_preemptions", "or None", id="negative max_preemptions"),
+        pytest.param({"grace_period": 0}, "grace_period", "> 0", id="zero grace period"),
+        pytest.param({"grace_period": "2m"}, "grace_period", "'2m' is not a number", id="grace period string"),
+        pytest.param({"preemptible": "yes"}, "preemptible", "not True or False", id="preemptible not bool"),
+        pytest.param({"command": "  "}, "command", "is empty", id="empty command"),
+        pytest.param({"command": []}, "command", "not a string or a non-empty list", id="empty argv"),
+        pytest.param({"pool": "team-b"}, "pool", "conflicts with quota='team-a'", id="pool disagrees"),
+        pytest.param({"pool_slots": 2}, "pool_slots", "conflicts with gpus=1", id="pool_slots disagrees"),
+        pytest.param({"priority_weight": 9}, "priority_weight", "conflicts with priority=0", id="weight disagrees"),
+        pytest.param({"weight_rule": "downstream"}, "weight_rule", "'absolute'", id="relative weight rule"),
+        pytest.param(
+            {"executor_config": {"quota": {"gpus": 3}}},
+            "executor_config.quota",
+            "set by the quota arguments",
+            id="executor_config quota key",
+        ),
+    ],
+)
+def test_bad_argument_error_names_the_field(kwargs, field, fragment):
+    args = {"task_id": "train", "quota": "team-a", "command": "true", **kwargs}
+    with pytest.raises(QuotaTaskArgumentError) as err:
+        QuotaTrainingOperator(**args)
+    assert err.value.field == field
+    assert str(err.value).startswith(f"{field}: ")
+    assert fragment in str(err.value)
+
+
+def test_latest_checkpoint_is_newest_complete_entry(tmp_path):
+    assert latest_checkpoint(tmp_path / "missing") is None
+    assert latest_checkpoint(tmp_path) is None
+    old, new = tmp_path / "ckpt-00000010.pt", tmp_path / "ckpt-00000020.pt"
+    old.write_text("old")
+    new.write_text("new")
+    os.utime(old, (1000, 1000))
+    os.utime(new, (2000, 2000))
+    (tmp_path / ".ckpt-00000030.pt.tmp").write_text("in progress")
+    (tmp_path / "ckpt-00000040.pt.partial").write_text("in progress")
+    assert latest_checkpoint(tmp_path) == new
+
+
+def test_preemption_notice_accepts_epoch_iso_and_half_written_files(tmp_path):
+    path = tmp_path / "preempt.json"
+    assert PreemptionNotice.read(path) is None
+    path.write_text(json.dumps({"reason": "reclaim", "preemptor": "j9", "deadline": 1000.5}))
+    assert PreemptionNotice.read(path) == PreemptionNotice("reclaim", "j9", 1000.5)
+    path.write_text(json.dumps({"reason": "within_quota", "deadline": "1970-01-01T00:16:40+00:00"}))
+    assert PreemptionNotice.read(path) == PreemptionNotice("within_quota", None, 1000.0)
+    path.write_text('{"reason": "rec')  # the file itself is the signal
+    assert PreemptionNotice.read(path) == PreemptionNotice("preempted", None, None)
+    path.write_text(json.dumps({"reason": "reclaim", "fail": True, "message": "max_preemptions=2 reached"}))
+    notice = PreemptionNotice.read(path)
+    assert (notice.fail, notice.message) == (True, "max_preemptions=2 reached")
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end through dag.test()
+
+
+def test_preempted_training_checkpoints_is_rescheduled_and_resumes(airflow_home, tmp_path):
+    """SIGTERM reaches the PyTorch script, it checkpoints and exits within the grace period; the
+    task instance goes UP_FOR_RESCHEDULE with try_number 1; the next attempt resumes and succeeds."""
+    dag_id = "preempt_training"
+    events, preempt = tmp_path / "events.jsonl", tmp_path / "preempt.json"
+    airflow_home.write_dag(
+        dag_id,
+        f"""
+        from airflow.sdk import DAG
+        from airflow_quota_provider.operators.training import QuotaTrainingOperator
+
+        with DAG("{dag_id}", schedule=None, params={{"ckpt_root": "{tmp_path / 'ckpt'}"}}) as dag:
+            QuotaTrainingOperator(
+                task_id="train",
+                quota="team-b",
+                gpus=1,
+                priority=10,
+                command=(
+                    "{sys.executable} {TRAIN_SCRIPT} --steps 150 --checkpoint-every 20"
+                    " --step-sleep 0.02 --threads 1 --events {events} --seed {{{{ params.get('seed', 7) }}}}"
+                ),
+                checkpoint_dir="{{{{ params.ckpt_root }}}}/{{{{ dag.dag_id }}}}/{{{{ task.task_id }}}}",
+                grace_period=60,
+                retries=0,
+            )
+        """,
+    )
+    run = airflow_home.start_dag_test(
+        dag_id,
+        {"QUOTA_PREEMPT_FILE": str(preempt), "CUDA_VISIBLE_DEVICES": "3", "QUOTA_PREEMPTION_COUNT": "2"},
+    )
+    wait_for(
+        lambda: any(e["event"] == "checkpoint" for e in read_events(events)),
+        "the first periodic checkpoint",
+        run=run,
+    )
+    write_preempt_file(preempt, reason="reclaim", preemptor="team-a/job-7", deadline=time.time() + 60)
+    result = run.wait()
+    output = run.output()
+
+    assert result["attempts"] == [
+        {"task_id": "train", "state": "up_for_reschedule", "try_number": 1},
+        {"task_id": "train", "state": "success", "try_number": 1},
+    ]
+    assert result["final"]["train"]["state"] == "success"
+    assert result["final"]["train"]["try_number"] == 1
+    assert result["reschedules"]["train"] == 1
+    assert "Command stopped within the grace period" in output
+    assert "SIGKILL" not in output
+    assert not preempt.exists() and Path(f"{preempt}.handled").exists()
+
+    log = read_events(events)
+    starts = [e for e in log if e["event"] == "start"]
+    assert len(starts) == 2
+    first_pid, second_pid = starts[0]["pid"], starts[1]["pid"]
+    first = [e for e in log if e["pid"] == first_pid]
+    second = [e for e in log if e["pid"] == second_pid]
+    assert [e["event"] for e in first[-3:]] == ["sigterm", "checkpoint", "exit"]
+    stop_checkpoint = first[-2]
+    assert stop_checkpoint["reason"] == "sigterm" and first[-1]["code"] == 143
+    ckpt_dir = tmp_path / "ckpt" / dag_id / "train"  # checkpoint_dir was rendered
+    assert Path(stop_checkpoint["path"]).parent == ckpt_dir
+    assert starts[0]["resume_from"] == ""
+    assert starts[1]["resume_from"] == stop_checkpoint["path"]
+    assert starts[1]["start_step"] == stop_checkpoint["step"] > 0
+    assert (starts[0]["cuda_visible_devices"], starts[0]["preemption_count"]) == ("3", 2)
+    assert second[-1] == {**second[-1], "event": "exit", "code": 0, "step": 150}
+    assert latest_checkpoint(ckpt_dir).name == "ckpt-00000150.pt"
+
+
+def _bash_dag(airflow_home, dag_id: str, command: str, **operator_args) -> None:
+    args = "".join(f"        {k}={v!r},\n" for k, v in operator_args.items())
+    airflow_home.write_dag(
+        dag_id,
+        f"""
+from airflow.sdk import DAG
+from airflow_quota_provider.operators.training import QuotaTrainingOperator
+
+with DAG("{dag_id}", schedule=None) as dag:
+    QuotaTrainingOperator(
+        task_id="job",
+        quota="team-a",
+        command={command!r},
+        retries=0,
+{args}    )
+""",
+    )
+
+
+def test_command_that_ignores_sigterm_is_killed_after_grace_and_still_rescheduled(airflow_home, tmp_path):
+    marker, preempt = tmp_path / "started", tmp_path / "preempt.json"
+    command = f"if [ -e {marker} ]; then echo resumed; exit 0; fi; touch {marker}; trap '' TERM; sleep 120"
+    _bash_dag(airflow_home, "ignores_sigterm", command, grace_period=1)
+    run = airflow_home.start_dag_test("ignores_sigterm", {"QUOTA_PREEMPT_FILE": str(preempt)})
+    wait_for(marker.exists, "the command to start", run=run)
+    write_preempt_file(preempt, reason="within_quota", preemptor="j2", deadline=time.time() + 300)
+    result = run.wait()
+    assert [a["state"] for a in result["attempts"]] == ["up_for_reschedule", "success"]
+    assert {a["try_number"] for a in result["attempts"]} == {1}
+    output = run.output()
+    assert "Command did not stop within the grace period; sending SIGKILL" in output
+    assert "resumed" in output
+
+
+def test_nonzero_exit_fails_with_the_exit_code_and_templated_env_renders(airflow_home):
+    command = 'echo "tag=$RUN_TAG"; exit 3'
+    _bash_dag(airflow_home, "exit_three", command, env={"RUN_TAG": "{{ dag.dag_id }}-{{ task.task_id }}"})
+    run = airflow_home.start_dag_test("exit_three")
+    result = run.wait()
+    assert result["attempts"] == [{"task_id": "job", "state": "failed", "try_number": 1}]
+    assert result["reschedules"]["job"] == 0
+    output = run.output()
+    assert "Command exited with code 3" in output
+    assert "tag=exit_three-job" in output
+
+
+def test_notice_past_the_preemption_limit_fails_the_task_with_its_message(airflow_home, tmp_path):
+    marker, preempt = tmp_path / "started", tmp_path / "preempt.json"
+    command = f"touch {marker}; trap 'echo saving; exit 143' TERM; sleep 120 & wait"
+    _bash_dag(airflow_home, "limit_reached", command, grace_period=30)
+    run = airflow_home.start_dag_test("limit_reached", {"QUOTA_PREEMPT_FILE": str(preempt)})
+    wait_for(marker.exists, "the command to start", run=run)
+    notice = {"reason": "reclaim", "preemptor": "j5", "deadline": time.time() + 30, "fail": True,
+              "message": "preempted 3 times: max_preemptions=3 reached"}
+    preempt.write_text(json.dumps(notice))
+    result = run.wait()
+    assert result["attempts"] == [{"task_id": "job", "state": "failed", "try_number": 1}]
+    assert result["reschedules"]["job"] == 0
+    output = run.output()
+    assert "saving" in output  # the command was asked to stop before the task failed
+    assert "max_preemptions=3 reached" in output
+
+
+def test_kill_without_a_notice_stops_the_command_and_fails(airflow_home, tmp_path):
+    """SIGTERM to the task process (on_kill) with no preempt file is an ordinary kill, not a preemption."""
+    marker, got_term = tmp_path / "started", tmp_path / "got-term"
+    command = f"trap 'touch {got_term}; exit 0' TERM; touch {marker}; sleep 120 & wait"
+    _bash_dag(airflow_home, "killed", command, grace_period=30)
+    run = airflow_home.start_dag_test("killed", {"QUOTA_PREEMPT_FILE": str(tmp_path / "never-written")})
+    wait_for(marker.exists, "the command to start", run=run)
+    os.kill(run.proc.pid, signal.SIGTERM)  # dag.test runs the task in the driver process
+    result = run.wait()
+    assert got_term.exists()
+    assert result["attempts"] == [{"task_id": "job", "state": "failed", "try_number": 1}]
+    assert "Command was terminated (task killed" in run.output()
