@@ -11,7 +11,7 @@ import pytest
 from tests.aws_fake.fixtures import JOB_QUEUE, aws_fake  # noqa: F401  (fixture)
 
 from airflow_quota_provider.hooks.batch_quota import (
-    CLIENT_TOKEN_TAG,
+    TASK_INSTANCE_TAG,
     BatchQuotaShareHook,
     borrow_limit_percent,
     quota_share_specs,
@@ -293,7 +293,7 @@ def test_submit_sends_the_service_job_request(applied, aws_fake):  # noqa: F811
         preemption_retries_before_termination=2,
         retry_strategy={"attempts": 3},
         timeout_config={"attemptDurationSeconds": 3600},
-        tags={CLIENT_TOKEN_TAG: "tok"},
+        tags={TASK_INSTANCE_TAG: "tok"},
         client_token="tok",
     )
 
@@ -354,12 +354,14 @@ def test_list_service_jobs_by_share_and_status_and_snapshot_usage(applied, aws_f
     assert (rows["team-c"]["in_use"], rows["team-c"]["borrowed"]) == (0.0, 0.0)
 
 
-def test_find_service_job_matches_the_client_token_tag(applied, aws_fake):  # noqa: F811
-    submit(applied, job_name="train-x", tags={CLIENT_TOKEN_TAG: "other"})
-    mine = submit(applied, job_name="train-x", tags={CLIENT_TOKEN_TAG: "tok-1"})
+def test_find_service_job_returns_the_newest_job_of_the_task_instance(applied, aws_fake):  # noqa: F811
+    submit(applied, job_name="train-x", tags={TASK_INSTANCE_TAG: "ti-1"})
+    submit(applied, job_name="train-x", tags={TASK_INSTANCE_TAG: "other"})
+    newest = submit(applied, job_name="train-x", tags={TASK_INSTANCE_TAG: "ti-1"})
+    submit(applied, job_name="train-y", tags={TASK_INSTANCE_TAG: "ti-1"})
 
-    assert applied.find_service_job(JOB_QUEUE, "train-x", "tok-1")["jobId"] == mine
-    assert applied.find_service_job(JOB_QUEUE, "train-x", "tok-2") is None
+    assert applied.find_service_job(JOB_QUEUE, "train-x", "ti-1")["jobId"] == newest
+    assert applied.find_service_job(JOB_QUEUE, "train-x", "ti-2") is None
 
 
 def test_quota_share_waiter_is_our_own_json(hook, aws_fake):  # noqa: F811
@@ -379,3 +381,23 @@ def test_the_connection_endpoint_reaches_the_fake(hook, aws_fake):  # noqa: F811
     )
     assert plain.describe_job_queues()["jobQueues"][0]["jobQueueName"] == JOB_QUEUE
     assert copy.deepcopy(aws_fake.calls_of("DescribeJobQueues")) == [{}]
+
+
+def test_the_fakes_test_hooks_are_reachable_over_http(applied, aws_fake):  # noqa: F811
+    # For a process without a handle on the fake (e.g. an Airflow worker): POST /_fake/<hook>.
+    import urllib.request
+
+    job_id = submit(applied)
+
+    def post(hook_name, **kwargs):
+        request = urllib.request.Request(
+            f"{aws_fake.endpoint_url}/_fake/{hook_name}", data=json.dumps(kwargs).encode(), method="POST"
+        )
+        with urllib.request.urlopen(request) as response:
+            return response.status
+
+    assert post("start", job_id=job_id) == 200
+    assert post("preempt", job_id=job_id, reason="make room") == 200
+    described = applied.describe_service_job(job_id)
+    assert (described["status"], described["statusReason"]) == ("RUNNABLE", "make room")
+    assert described["preemptionSummary"]["preemptedAttemptCount"] == 1
