@@ -52,6 +52,7 @@ from airflow_quota_provider.operators.training import (
     _default_checkpoint_dir,
     _grace_seconds,
     quota_operator_kwargs,
+    quota_partial_kwargs,
 )
 
 if TYPE_CHECKING:
@@ -242,5 +243,6 @@ def quota_task(python_callable: Callable | None = None, **kwargs: Any) -> TaskDe
     return task_decorator_factory(
         python_callable=python_callable,
         decorated_operator_class=_QuotaDecoratedOperator,
-        **kwargs,
+        # Resolved now, so that a mapped (.expand) task has its pool and GPUs before it is unmapped.
+        **quota_partial_kwargs(kwargs),
     )

@@ -169,10 +169,11 @@ def quota_operator_kwargs(
                 name, f"{given!r} conflicts with {source[name]}={value!r}; set {source[name]} only"
             )
 
+    extras = {"preemptible": preemptible, "max_preemptions": max_preemptions, "grace_period_s": grace_period_s}
     executor_config = kwargs.get("executor_config") or {}
     if not isinstance(executor_config, Mapping):
         raise QuotaTaskArgumentError("executor_config", f"{executor_config!r} is not a dict or None")
-    if EXECUTOR_CONFIG_KEY in executor_config:
+    if executor_config.get(EXECUTOR_CONFIG_KEY, extras) != extras:
         raise QuotaTaskArgumentError(
             f"executor_config.{EXECUTOR_CONFIG_KEY}",
             "is set by the quota arguments (preemptible, max_preemptions, grace_period); remove it",
@@ -181,15 +182,39 @@ def quota_operator_kwargs(
         **kwargs,
         **mapped,
         "executor": executor,
-        "executor_config": {
-            **executor_config,
-            EXECUTOR_CONFIG_KEY: {
-                "preemptible": preemptible,
-                "max_preemptions": max_preemptions,
-                "grace_period_s": grace_period_s,
-            },
-        },
+        "executor_config": {**executor_config, EXECUTOR_CONFIG_KEY: extras},
     }
+
+
+_QUOTA_ARG_DEFAULTS: dict[str, Any] = {
+    "gpus": 1,
+    "priority": 0,
+    "preemptible": True,
+    "max_preemptions": None,
+    "grace_period": None,
+}
+
+
+def quota_partial_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """
+    Add the ``BaseOperator`` arguments of the quota arguments in ``kwargs`` at parse time.
+
+    For ``.partial(...)`` and ``@task.quota(...)``: a mapped task is only constructed (and
+    ``__init__`` run) when it is unmapped on the worker, but the scheduler and the executor need its
+    pool, pool_slots, priority_weight and executor_config before that. The quota arguments must
+    therefore be given to ``partial()``/the decorator, not to ``expand()``.
+    """
+    if "quota" not in kwargs:
+        raise QuotaTaskArgumentError("quota", "is required (the quota the task runs on); give it to partial()")
+    quota_args = {name: kwargs.get(name, default) for name, default in _QUOTA_ARG_DEFAULTS.items()}
+    others = {k: v for k, v in kwargs.items() if k not in _QUOTA_ARG_DEFAULTS and k not in ("quota", "executor")}
+    mapped = quota_operator_kwargs(
+        quota=kwargs["quota"],
+        executor=kwargs.get("executor", DEFAULT_EXECUTOR),
+        kwargs=others,
+        **quota_args,
+    )
+    return {**mapped, "quota": kwargs["quota"], **{k: kwargs[k] for k in _QUOTA_ARG_DEFAULTS if k in kwargs}}
 
 
 # --------------------------------------------------------------------------------------------
@@ -457,6 +482,11 @@ class QuotaTrainingOperator(BaseOperator):
         self._process: subprocess.Popen | None = None
         self._kill_requested = False
         self._sigterm_sent = False
+
+    @classmethod
+    def partial(cls, **kwargs: Any):
+        """Like ``BaseOperator.partial``; the quota arguments must be given here, not to ``expand``."""
+        return super().partial(**quota_partial_kwargs(kwargs))
 
     # -- execution ------------------------------------------------------------------------------
 

@@ -41,6 +41,19 @@ def test_decorated_task_gets_quota_pool_priority_and_executor_config():
     }
 
 
+def test_mapped_decorated_task_knows_its_quota_pool_before_unmapping():
+    with DAG("deco_mapped"):
+
+        @quota_task(quota="inference", gpus=1, priority=30)
+        def score(shard: int, quota=None):
+            return shard
+
+        mapped = score.expand(shard=[0, 1, 2])
+    op = mapped.operator
+    assert (op.pool, op.pool_slots, op.priority_weight, op.executor) == ("inference", 1, 30, "quota")
+    assert op.executor_config[EXECUTOR_CONFIG_KEY]["preemptible"] is True
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

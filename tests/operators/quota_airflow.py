@@ -112,8 +112,8 @@ def _register_provider(site: Path) -> None:
     )
 
 
-def make_airflow_home(root: Path) -> AirflowHome:
-    """Create AIRFLOW_HOME under ``root`` and run ``airflow db migrate`` (about 10 s)."""
+def make_airflow_home(root: Path, *, migrate: bool = True) -> AirflowHome:
+    """Create AIRFLOW_HOME under ``root`` and (unless ``migrate=False``) run ``airflow db migrate`` (~10 s)."""
     dags = root / "dags"
     dags.mkdir(parents=True)
     site = root / "site"
@@ -135,12 +135,13 @@ def make_airflow_home(root: Path) -> AirflowHome:
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     # Migrate without the provider registered: its tables belong to the executor's tests.
-    subprocess.run(
-        [sys.executable, "-m", "airflow", "db", "migrate"],
-        env={**env, "PYTHONPATH": str(REPO)},
-        check=True,
-        capture_output=True,
-        timeout=240,
-    )
+    if migrate:
+        subprocess.run(
+            [sys.executable, "-m", "airflow", "db", "migrate"],
+            env={**env, "PYTHONPATH": str(REPO)},
+            check=True,
+            capture_output=True,
+            timeout=240,
+        )
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(site)])
     return AirflowHome(root=root, dags=dags, env=env)

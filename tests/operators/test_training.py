@@ -275,3 +275,21 @@ def test_kill_without_a_notice_stops_the_command_and_fails(airflow_home, tmp_pat
     assert got_term.exists()
     assert result["attempts"] == [{"task_id": "job", "state": "failed", "try_number": 1}]
     assert "Command was terminated (task killed" in run.output()
+
+
+def test_mapped_operator_knows_its_quota_pool_and_gpus_before_unmapping():
+    """The scheduler and the executor read a mapped task's pool and executor_config before unmapping."""
+    from airflow.sdk import DAG
+
+    with DAG("mapped_training"):
+        mapped = QuotaTrainingOperator.partial(
+            task_id="sweep", quota="team-b", gpus=2, priority=7, grace_period=45
+        ).expand(command=["train --lr 0.1", "train --lr 0.01"])
+    assert (mapped.pool, mapped.pool_slots, mapped.priority_weight, mapped.executor) == ("team-b", 2, 7, "quota")
+    assert mapped.executor_config[EXECUTOR_CONFIG_KEY] == {
+        "preemptible": True,
+        "max_preemptions": None,
+        "grace_period_s": 45.0,
+    }
+    with DAG("mapped_bad"), pytest.raises(QuotaTaskArgumentError, match=r"^gpus: -1 is not an integer >= 1"):
+        QuotaTrainingOperator.partial(task_id="sweep", quota="team-b", gpus=-1).expand(command=["a"])

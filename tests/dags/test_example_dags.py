@@ -1,0 +1,73 @@
+"""The example DAGs in dags/ import cleanly in a real DagBag and describe quota tasks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.operators.quota_airflow import REPO, make_airflow_home  # first: keeps Airflow off ~/airflow
+from airflow_quota_provider.policy import load_quota_file
+
+DAGBAG_SCRIPT = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+tasks = {
+    dag_id: [
+        {"task_id": t.task_id, "pool": t.pool, "pool_slots": t.pool_slots, "priority_weight": t.priority_weight,
+         "weight_rule": str(t.weight_rule), "executor": t.executor, "executor_config": t.executor_config,
+         "operator": type(t).__name__}
+        for t in dag.tasks
+    ]
+    for dag_id, dag in bag.dags.items()
+}
+print(json.dumps({"import_errors": bag.import_errors, "tasks": tasks}))
+"""
+
+
+@pytest.fixture(scope="module")
+def dagbag(tmp_path_factory):
+    home = make_airflow_home(tmp_path_factory.mktemp("quota-dags-home"), migrate=False)  # parsing needs no DB
+    proc = subprocess.run(
+        [sys.executable, "-c", DAGBAG_SCRIPT, str(REPO / "dags")],
+        env=home.env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+QUOTA_DAGS = {"quota_team_b_sweep", "quota_team_a_finetune", "quota_inference_eval"}
+
+
+def test_every_dag_file_in_dags_imports_without_errors(dagbag):
+    assert dagbag["import_errors"] == {}
+    assert QUOTA_DAGS <= set(dagbag["tasks"])
+
+
+def test_example_tasks_are_quota_tasks_on_quotas_of_the_example_quota_file(dagbag):
+    quotas = {q.name: q for q in load_quota_file(REPO / "examples" / "quotas.yaml").queues[0].quotas}
+    tasks = [t for dag_id in QUOTA_DAGS for t in dagbag["tasks"][dag_id]]
+    assert len(tasks) == 8
+    for t in tasks:
+        assert t["pool"] in quotas, t
+        assert t["pool_slots"] <= quotas[t["pool"]].capacity, t
+        assert (t["executor"], t["weight_rule"]) == ("quota", "absolute"), t
+        assert set(t["executor_config"]["quota"]) == {"preemptible", "max_preemptions", "grace_period_s"}, t
+
+
+def test_example_story_borrows_then_reclaims(dagbag):
+    """The sweep asks for more than team-b owns (it must borrow); the fine-tune fits within team-a and
+    outranks the sweep (it may reclaim)."""
+    quotas = {q.name: q for q in load_quota_file(REPO / "examples" / "quotas.yaml").queues[0].quotas}
+    sweep = dagbag["tasks"]["quota_team_b_sweep"]
+    finetune = dagbag["tasks"]["quota_team_a_finetune"][0]
+    assert sum(t["pool_slots"] for t in sweep) > quotas["team-b"].capacity
+    assert finetune["pool"] == "team-a" and finetune["pool_slots"] <= quotas["team-a"].capacity
+    assert finetune["priority_weight"] > max(t["priority_weight"] for t in sweep)
+    assert finetune["executor_config"]["quota"]["preemptible"] is False
