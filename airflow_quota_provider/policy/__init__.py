@@ -15,7 +15,7 @@ from airflow_quota_provider.policy.config import (
     parse_quota_file,
     quota_to_dict,
 )
-from airflow_quota_provider.policy.decide import decide, rejection_reason
+from airflow_quota_provider.policy.cycle import decide, rejection_reason
 from airflow_quota_provider.policy.decision import Decision, Pending, Preemption, Rejection
 from airflow_quota_provider.policy.errors import PolicyError
 from airflow_quota_provider.policy.state import Job, State, parse_state

@@ -13,7 +13,7 @@ import json
 import sys
 
 from airflow_quota_provider.policy.config import MAX_QUOTAS_PER_QUEUE, load_quota_file
-from airflow_quota_provider.policy.decide import decide
+from airflow_quota_provider.policy.cycle import decide
 from airflow_quota_provider.policy.errors import PolicyError
 from airflow_quota_provider.policy.state import parse_state
 

@@ -39,7 +39,7 @@ class Candidates:
             entries.sort(key=lambda entry: entry[0])
         self.by_quota = by_quota
         self.taken: set[str] = set()
-        self._start: dict[str, int] = {}
+        self._first: dict[str, int] = {}
 
     def __iter__(self) -> Iterator[Job]:
         """Every candidate not yet taken."""
@@ -48,16 +48,17 @@ class Candidates:
                 if job.id not in self.taken:
                     yield job
 
-    def _untaken(self, name: str) -> Iterator[tuple[tuple, Job]]:
-        """A quota's entries from the first one not taken: victims are mostly taken from the front
-        (lowest priority first), so later searches skip them without rescanning."""
+    def _next_untaken(self, name: str, position: int) -> int:
         entries = self.by_quota[name]
-        start = self._start.get(name, 0)
-        while start < len(entries) and entries[start][1].id in self.taken:
-            start += 1
-        self._start[name] = start
-        for index in range(start, len(entries)):
-            yield entries[index]
+        while position < len(entries) and entries[position][1].id in self.taken:
+            position += 1
+        return position
+
+    def _first_untaken(self, name: str) -> int:
+        # Victims are mostly taken from the front (lowest priority first) and never given back
+        # within a cycle, so the first untaken position only moves forward.
+        first = self._first[name] = self._next_untaken(name, self._first.get(name, 0))
+        return first
 
     def for_preemptor(self, preemptor: Job, quota: Quota, usage: Usage, *, borrow: bool) -> Iterator[tuple[Job, str]]:
         """Yield ``(candidate, reason)``: other quotas' jobs first, then the preemptor's own.
@@ -66,7 +67,7 @@ class Candidates:
         against ``usage`` at each step, so a quota stops being a candidate as soon as the victims
         chosen so far bring it back within its capacity. Without ``borrow`` (the preemptor's quota
         ends up within its capacity) they are reclaim candidates; with it, only what
-        ``borrow_within`` allows. Lists are in ascending priority, so each scan stops at the first
+        ``borrow_within`` allows. Lists are in ascending priority, so a scan stops at the first
         candidate above the highest priority its rule allows.
         """
         policy = quota.preemption
@@ -77,24 +78,35 @@ class Candidates:
             ceiling = reclaim_ceiling(policy.reclaim, preemptor)
             reason = RECLAIM
         if ceiling != NOBODY:
-            lists = [
-                self._untaken(name)
-                for name, entries in self.by_quota.items()
-                if name != quota.name and entries and usage.is_borrowing(name)
-            ]
-            for _, candidate in heapq.merge(*lists, key=_entry_key):
+            # A k-way merge of the borrowing quotas' lists that drops a quota as soon as it stops
+            # borrowing (heapq.merge would walk through all of its remaining entries).
+            heap = []
+            for name, entries in self.by_quota.items():
+                if name != quota.name and usage.is_borrowing(name):
+                    position = self._first_untaken(name)
+                    if position < len(entries):
+                        heap.append((entries[position][0], name, position))
+            heapq.heapify(heap)
+            while heap:
+                _, name, position = heap[0]
+                entries = self.by_quota[name]
+                candidate = entries[position][1]
                 if ceiling is not None and candidate.priority > ceiling:
                     break
-                if candidate.id in self.taken or not usage.is_borrowing(candidate.quota):
+                if not usage.is_borrowing(name):
+                    heapq.heappop(heap)
                     continue
+                following = self._next_untaken(name, position + 1)
+                if following < len(entries):
+                    heapq.heapreplace(heap, (entries[following][0], name, following))
+                else:
+                    heapq.heappop(heap)
                 yield candidate, reason
-        for _, candidate in self._untaken(quota.name):
+        own = self.by_quota.get(quota.name, ())
+        position = self._first_untaken(quota.name) if own else 0
+        for _, candidate in own[position:]:
             if candidate.priority > preemptor.priority:
                 break
             if candidate.id in self.taken or not within_quota_allows(policy.within_quota, preemptor, candidate):
                 continue
             yield candidate, WITHIN_QUOTA
-
-
-def _entry_key(entry: tuple[tuple, Job]) -> tuple:
-    return entry[0]

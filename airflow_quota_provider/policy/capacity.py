@@ -30,11 +30,12 @@ def lendable(quota: Quota, used: int) -> int:
     """GPUs of ``quota``'s capacity that other quotas may use while it uses ``used`` of them."""
     if not quota.lends:
         return 0
-    return max(0, quota.capacity - max(used, quota.private))
+    floor = used if used > quota.private else quota.private
+    return quota.capacity - floor if floor < quota.capacity else 0
 
 
 def borrowed(quota: Quota, used: int) -> int:
-    return max(0, used - quota.capacity)
+    return used - quota.capacity if used > quota.capacity else 0
 
 
 def ever_fits(quota: Quota, quotas: Iterable[Quota], capacity: int) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +60,16 @@ class Quota:
     on_preemption_limit: str = "fail"
     teams: tuple[str, ...] = ()
 
-    @property
+    # Cached: the quota arithmetic asks these on every check of a decision cycle.
+    @cached_property
     def lends(self) -> bool:
         return self.sharing != "reserve"
 
-    @property
+    @cached_property
     def borrows(self) -> bool:
         return self.sharing == "lend_and_borrow"
 
-    @property
+    @cached_property
     def private(self) -> int:
         """Capacity no other quota can ever use: all of it for ``reserve``, else what is not lendable."""
         if not self.lends:

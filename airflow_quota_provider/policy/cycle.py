@@ -3,9 +3,10 @@
 The cycle, in order:
 
 1. Jobs rejected outright (more GPUs than their quota can ever hold, priority above ``max_priority``).
-2. Jobs holding capacity while their victims stop: their GPUs are counted as taken (logically) and
-   they start as soon as the GPUs are physically free. (If the quota file changed so that the hold
-   no longer fits, the job queues again like any other.)
+2. Jobs holding capacity while their victims stop: their GPUs are counted as taken (logically), and
+   they wait until their victims are gone, even when other GPUs are free (those are someone else's).
+   Once the victims have stopped the job is an ordinary waiting job that fits, and starts. (If the
+   quota file changed so that the hold no longer fits, the job queues again like any other.)
 3. Within-quota pass, in queue order (priority, then FIFO): a job that fits within its own quota's
    capacity starts; one that would fit but finds its lent capacity in use reclaims it (phase 1 of
    the victim search). Non-borrowing admissions go before borrowing ones, as in Kueue, so a reclaim
@@ -115,9 +116,10 @@ class _Cycle:
             self.epoch += 1
 
     def _hold(self, job: Job, victims: list[str]) -> None:
-        """Count ``job``'s GPUs as taken; start it at once if they are physically free."""
+        """Count ``job``'s GPUs as taken. A job with victims waits for them to stop, even if other
+        GPUs are free right now (they belong to others); one without starts if the GPUs are free."""
         self._take(job)
-        if self.usage.physically_free() >= job.gpus:
+        if not victims and self.usage.physically_free() >= job.gpus:
             self.usage.physical += job.gpus
             self.decision.admit.append(job.id)
         else:
@@ -190,8 +192,11 @@ class _Cycle:
             if current != share:  # victims elsewhere changed it since it was pushed
                 heapq.heappush(heap, (current, name))
                 continue
-            self._place(queues[name].popleft(), borrow=True)
-            if queues[name]:
+            waiting = queues[name]
+            # A job that has to wait changes no share, so this quota stays first: go on with it.
+            while waiting and not self._place(waiting.popleft(), borrow=True):
+                pass
+            if waiting:
                 heapq.heappush(heap, (self.usage.share(name), name))
 
     # -- why the rest wait ----------------------------------------------------------------------

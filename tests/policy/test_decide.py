@@ -302,6 +302,15 @@ def test_capacity_is_held_for_a_preemptor_until_its_victims_stop():
     assert "full" in reason_of(decision, "b3")
 
 
+def test_a_preemptor_waits_for_its_victims_even_when_other_gpus_are_free():
+    state = (
+        queue(8).quota("a", 4, sharing="reserve").quota("b", 4)
+        .run("a1", "a", 4, 0).wait("p1", "a", 4, 9).wait("b1", "b", 4, 0).build()
+    )
+    decision = check(state, 100.0, ["b1"], [("a1", "p1", "within_quota")])
+    assert reason_of(decision, "p1") == "waiting for preempted jobs to stop: a1"
+
+
 def test_a_preemptor_starts_once_its_victims_have_stopped():
     state = queue(8).quota("a", 4).quota("b", 4).run("b1", "b", 4).wait("a1", "a", 4, 9).wait("b3", "b", 4, 0).build()
     check(state, 100.0, ["a1"], [])
