@@ -52,6 +52,8 @@ def get_provider_info():
         "executors": ["airflow_quota_provider.executors.quota_executor.QuotaExecutor"],
         "db-managers": ["airflow_quota_provider.models.db.QuotaDBManager"],
         "cli": ["airflow_quota_provider.cli.definition.get_quota_cli_commands"],
+        # --- REST API, UI page (plugins/) ---
+        "plugins": [{"name": "quota", "plugin-class": "airflow_quota_provider.plugins.quota_plugin.QuotaPlugin"}],
         "config": {
             "quota": {
                 "description": "Shared GPU quotas: the quota file and the local GPU launcher of QuotaExecutor.",

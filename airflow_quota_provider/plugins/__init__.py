@@ -1,0 +1,1 @@
+"""REST API, UI page (and their data models) of the quota provider, mounted at ``/quota``."""

@@ -1,0 +1,113 @@
+"""REST routes under ``/quota/api``. Quotas are Airflow pools, so reading needs pool read access and
+changing a job's priority needs pool edit access (``PUT``) on the job's quota."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Path, Query, status
+
+from airflow.api_fastapi.auth.managers.models.resource_details import PoolDetails
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.common.router import AirflowRouter
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_pool
+from airflow_quota_provider.models.job import JobNotFound
+from airflow_quota_provider.plugins import services
+from airflow_quota_provider.plugins.datamodels import (
+    EventCollectionResponse,
+    JobCollectionResponse,
+    JobPatchBody,
+    JobResponse,
+    QueueCollectionResponse,
+    QuotaCollectionResponse,
+)
+from airflow_quota_provider.usage import QuotaFileUnavailable, configured_quota_file
+
+api_router = AirflowRouter(tags=["Quota"])
+
+CanRead = [Depends(requires_access_pool("GET"))]
+CanEdit = [Depends(requires_access_pool("PUT"))]
+
+
+def _quota_file():
+    try:
+        return configured_quota_file()
+    except QuotaFileUnavailable as e:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(e))
+
+
+@api_router.get("/queues", dependencies=CanRead)
+def get_queues(session: SessionDep) -> QueueCollectionResponse:
+    """Job queues: capacity, quotas, GPUs in use and jobs waiting."""
+    return services.queues(_quota_file(), session=session)
+
+
+@api_router.get("/quotas", dependencies=CanRead)
+def get_quotas(session: SessionDep) -> QuotaCollectionResponse:
+    """Quotas: capacity, in use, borrowed, lent, free, pending, sharing rule and limits."""
+    return services.quotas(_quota_file(), session=session)
+
+
+@api_router.get("/jobs", dependencies=CanRead)
+def get_jobs(
+    session: SessionDep,
+    quota: Annotated[str | None, Query(description="Only jobs of this quota.")] = None,
+    state: Annotated[
+        list[str] | None,
+        Query(description=f"Only jobs in these states (repeat or comma-separate): {', '.join(services.JOB_STATES)}."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 100,
+    offset: Annotated[int, Query(ge=0, description="Jobs to skip.")] = 0,
+) -> JobCollectionResponse:
+    """Jobs, oldest submission first: state, GPUs and devices, priority, preemptions, pending reason
+    and position, times, and a link to the task instance."""
+    try:
+        quota_file = configured_quota_file()
+    except QuotaFileUnavailable:
+        quota_file = None  # the job rows are still worth showing
+    try:
+        return services.jobs(quota_file, quota=quota, states=state, limit=limit, offset=offset, session=session)
+    except services.BadRequest as e:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(e))
+
+
+@api_router.patch("/jobs/{job_id}", dependencies=CanEdit)
+def patch_job(
+    job_id: Annotated[str, Path(description="Job id (the `id` of GET /jobs).")],
+    body: JobPatchBody,
+    user: GetUserDep,
+    session: SessionDep,
+) -> JobResponse:
+    """Change a waiting or running job's priority; the next scheduling cycle uses it. Refused (400)
+    above the quota's ``max_priority``. The change is written to the audit log."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    quota_file = _quota_file()
+    try:
+        job = services.get_job(job_id, session=session)
+    except services.NotFound as e:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(e))
+    if not get_auth_manager().is_authorized_pool(method="PUT", details=PoolDetails(name=job.quota), user=user):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"Forbidden: no edit access to pool {job.quota!r}")
+    try:
+        return services.change_priority(job_id, body.priority, quota_file, session=session)
+    except (services.Conflict, JobNotFound) as e:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(e))
+    except ValueError as e:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(e))
+
+
+@api_router.get("/events", dependencies=CanRead)
+def get_events(
+    session: SessionDep,
+    quota: Annotated[str | None, Query(description="Only events of this quota.")] = None,
+    kind: Annotated[str | None, Query(description=f"Only this kind: {', '.join(services.EVENT_KINDS)}.")] = None,
+    job_id: Annotated[str | None, Query(description="Only events of this job.")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 50,
+    offset: Annotated[int, Query(ge=0, description="Events to skip (newest first).")] = 0,
+) -> EventCollectionResponse:
+    """The audit log, newest first, paged."""
+    try:
+        return services.events(quota=quota, kind=kind, job_id=job_id, limit=limit, offset=offset, session=session)
+    except services.BadRequest as e:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(e))

@@ -1,0 +1,141 @@
+"""Request and response bodies of the REST API (``/quota/api``); the UI page has its own in
+:mod:`.datamodels_ui`. Every field is described: the descriptions are the API reference in ``/quota/docs``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import Field
+
+from airflow.api_fastapi.core_api.base import BaseModel, StrictBaseModel
+
+
+class QueueResponse(BaseModel):
+    """A job queue: a pool of GPUs shared by its quotas."""
+
+    name: str = Field(description="Name of the job queue in the quota file.")
+    capacity: int = Field(description="GPUs of the job queue.")
+    capacity_unit: str | None = Field(description="Unit of the capacity on AWS Batch (an instance type), if set.")
+    quotas: list[str] = Field(description="Names of the quotas that share the job queue, in file order.")
+    common_pool: int = Field(description="GPUs not assigned to any quota; every borrowing quota may use them.")
+    in_use: int = Field(description="GPUs held by running and stopping jobs of the queue.")
+    pending_jobs: int = Field(description="Jobs waiting for quota in the queue.")
+
+
+class QueueCollectionResponse(BaseModel):
+    """Every job queue of the quota file."""
+
+    queues: list[QueueResponse] = Field(description="The job queues, in file order.")
+    total_entries: int = Field(description="Number of job queues.")
+
+
+class PreemptionPolicyResponse(BaseModel):
+    """When jobs of a quota may preempt others."""
+
+    within_quota: str = Field(description="never | lower_priority | lower_or_newer_equal_priority.")
+    reclaim: str = Field(description="never | lower_priority | any: taking back lent capacity from borrowers.")
+    borrow_within: int | None = Field(
+        description="Highest priority of other borrowing quotas' jobs that may be preempted while this quota "
+        "itself borrows; null: off."
+    )
+
+
+class QuotaResponse(BaseModel):
+    """A shared quota: its rule and its figures right now (computed as the scheduler computes them)."""
+
+    name: str = Field(description="Name of the quota; also its Airflow pool.")
+    queue: str = Field(description="Job queue the quota belongs to.")
+    capacity: int = Field(description="Nominal share of the quota, in GPUs.")
+    in_use: int = Field(description="GPUs held by the quota's running and stopping jobs.")
+    borrowed: int = Field(description="GPUs the quota uses above its capacity (lent by others or the common pool).")
+    lent: int = Field(description="GPUs of the quota's capacity used by other quotas' jobs.")
+    free: int = Field(description="The most GPUs a new job of this quota could start now without preemption.")
+    pending_jobs: int = Field(description="Jobs of the quota waiting for capacity.")
+    pending_gpus: int = Field(description="GPUs those waiting jobs ask for.")
+    sharing: str = Field(description="reserve | lend | lend_and_borrow.")
+    borrow_limit: int | None = Field(description="Most GPUs the quota may use above its capacity; null: unlimited.")
+    lend_limit: int | None = Field(description="Most GPUs of its capacity the quota lends; null: all idle ones.")
+    weight: float = Field(description="Fair-sharing weight among borrowers (higher borrows more).")
+    max_priority: int | None = Field(description="Highest priority a job of the quota may have; null: no limit.")
+    max_preemptions: int | None = Field(
+        description="Preemptions a job survives before it fails (or is protected); null: requeued forever."
+    )
+    on_preemption_limit: str = Field(description="fail | protect: what happens past max_preemptions.")
+    grace_period_s: float = Field(description="Seconds a preempted job gets to checkpoint before it is stopped.")
+    preemption: PreemptionPolicyResponse = Field(description="The quota's preemption rules.")
+
+
+class QuotaCollectionResponse(BaseModel):
+    """Every quota of every job queue."""
+
+    quotas: list[QuotaResponse] = Field(description="The quotas, by job queue, in file order.")
+    total_entries: int = Field(description="Number of quotas.")
+
+
+class JobResponse(BaseModel):
+    """One try of one task instance placed on a quota."""
+
+    id: str = Field(description="Job id (the path parameter of PATCH /jobs/{id}).")
+    dag_id: str = Field(description="DAG of the task instance.")
+    run_id: str = Field(description="DAG run of the task instance.")
+    task_id: str = Field(description="Task of the task instance.")
+    map_index: int = Field(description="Map index of the task instance; -1 when not mapped.")
+    try_number: int = Field(description="Airflow try number (a preemption does not change it).")
+    state: str = Field(description="pending | running | stopping | preempted | finished | failed.")
+    quota: str = Field(description="Quota the job runs on.")
+    queue: str | None = Field(description="Job queue of the quota, when the quota file names it.")
+    gpus: int = Field(description="GPUs the job asks for.")
+    devices: list[str] = Field(description="GPU indexes the job holds now (empty unless running or stopping).")
+    priority: int = Field(description="Scheduling priority; higher runs first and may preempt lower.")
+    preemptible: bool = Field(description="Whether the job may be preempted at all.")
+    preemptions: int = Field(description="Times the task instance has been preempted so far.")
+    max_preemptions: int | None = Field(description="The job's own preemption limit; null: the quota's.")
+    pending_reason: str | None = Field(description="Why the job waits, in words; null unless pending.")
+    pending_position: int | None = Field(description="Position in its quota's queue (1 = next); null unless pending.")
+    preempted_for: str | None = Field(description="Job id this job was told to stop for; null unless stopping.")
+    submitted_at: datetime = Field(description="When the executor received the task (kept across preemptions).")
+    started_at: datetime | None = Field(description="When the job was last admitted; null while it waits.")
+    finished_at: datetime | None = Field(description="When the job finished or failed.")
+    message: str | None = Field(description="Last outcome message (exit code, rejection, preemption limit).")
+    ti_url: str = Field(description="Link to the task instance in the Airflow UI.")
+
+
+class JobCollectionResponse(BaseModel):
+    """A page of jobs, oldest submission first."""
+
+    jobs: list[JobResponse] = Field(description="The jobs on this page.")
+    total_entries: int = Field(description="Jobs matching the filters, on all pages.")
+
+
+class JobPatchBody(StrictBaseModel):
+    """A change to a job; only the priority can change."""
+
+    priority: int = Field(description="New priority (integer, higher runs first); at most the quota's max_priority.")
+
+
+class EventResponse(BaseModel):
+    """One line of the audit log."""
+
+    id: int = Field(description="Event id, increasing.")
+    at: datetime = Field(description="When it happened.")
+    kind: str = Field(description="submitted, admitted, borrowed, preempted, reclaimed, stopped, released, "
+                      "finished, priority_changed, preemption_limit_reached, rejected, revoked, adopted, "
+                      "config_loaded or config_rejected.")
+    job_id: str | None = Field(description="Job the event is about, if any.")
+    dag_id: str | None = Field(description="DAG of that job's task instance.")
+    run_id: str | None = Field(description="DAG run of that job's task instance.")
+    task_id: str | None = Field(description="Task of that job's task instance.")
+    map_index: int | None = Field(description="Map index of that job's task instance.")
+    quota: str | None = Field(description="Quota of that job.")
+    victim: str | None = Field(description="Preempted job id (preemption events).")
+    preemptor: str | None = Field(description="Job id the victim was preempted for (preemption events).")
+    reason: str | None = Field(description="within_quota | reclaim | borrow_within (preemption events).")
+    devices: list[str] = Field(description="GPU indexes admitted or released (empty when none).")
+    message: str | None = Field(description="Details in words.")
+
+
+class EventCollectionResponse(BaseModel):
+    """A page of the audit log, newest first."""
+
+    events: list[EventResponse] = Field(description="The events on this page, newest first.")
+    total_entries: int = Field(description="Events matching the filters, on all pages.")

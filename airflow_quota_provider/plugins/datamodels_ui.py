@@ -1,0 +1,73 @@
+"""Bodies of the UI page's own endpoints (``/quota/ui``): one snapshot shaped for drawing, so the page
+needs one request per refresh. Not a public API; the REST models are in :mod:`.datamodels`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import Field
+
+from airflow.api_fastapi.core_api.base import BaseModel
+
+
+class PendingJobView(BaseModel):
+    """A waiting job, as a row under its quota's bar."""
+
+    id: str = Field(description="Job id.")
+    label: str = Field(description="dag_id.task_id[map_index] and run id, for people.")
+    gpus: int = Field(description="GPUs the job asks for.")
+    priority: int = Field(description="Its priority.")
+    position: int | None = Field(description="Position in its quota's queue (1 = next).")
+    reason: str = Field(description="Why it waits, in words.")
+    waiting_s: float = Field(description="Seconds since it was submitted.")
+    ti_url: str = Field(description="Link to the task instance in the Airflow UI.")
+
+
+class QuotaBarView(BaseModel):
+    """One quota's bar. Segments over its capacity: owned (own jobs), lent (others' jobs), idle; then
+    borrowed beyond the capacity line."""
+
+    name: str = Field(description="Quota name.")
+    capacity: int = Field(description="Nominal share in GPUs: the capacity line of the bar.")
+    owned: int = Field(description="GPUs of its own capacity its jobs use (in use minus borrowed).")
+    borrowed: int = Field(description="GPUs used above its capacity.")
+    lent: int = Field(description="GPUs of its capacity in use by other quotas.")
+    idle: int = Field(description="GPUs of its capacity nobody uses.")
+    free: int = Field(description="The most GPUs a new job of this quota could start now without preemption.")
+    sharing: str = Field(description="reserve | lend | lend_and_borrow.")
+    borrow_limit: int | None = Field(description="Most GPUs it may borrow; null: unlimited.")
+    lend_limit: int | None = Field(description="Most GPUs it lends; null: all idle ones.")
+    max_priority: int | None = Field(description="Highest allowed job priority; null: no limit.")
+    pending_jobs: int = Field(description="Jobs waiting.")
+    pending_gpus: int = Field(description="GPUs those jobs ask for.")
+    pending: list[PendingJobView] = Field(description="Waiting jobs, by position.")
+
+
+class QueueView(BaseModel):
+    """A job queue and its quotas' bars."""
+
+    name: str = Field(description="Job queue name.")
+    capacity: int = Field(description="GPUs of the job queue.")
+    in_use: int = Field(description="GPUs in use in the queue.")
+    quotas: list[QuotaBarView] = Field(description="One bar per quota, in file order.")
+
+
+class PreemptionView(BaseModel):
+    """A recent preemption: who was stopped, for whom, and why."""
+
+    at: datetime = Field(description="When the victim was told to stop.")
+    victim: str = Field(description="The stopped job: dag_id.task_id and run id.")
+    victim_quota: str | None = Field(description="The victim's quota.")
+    preemptor: str = Field(description="The job it was stopped for (label, or its id when unknown).")
+    preemptor_quota: str | None = Field(description="The preemptor's quota.")
+    reason: str | None = Field(description="within_quota | reclaim | borrow_within.")
+    message: str | None = Field(description="Extra details (e.g. the preemption limit was reached).")
+
+
+class DashboardResponse(BaseModel):
+    """Everything the quota page draws, at one moment."""
+
+    generated_at: datetime = Field(description="When this snapshot was taken.")
+    quota_file: str = Field(description="Path of the quota file in use.")
+    queues: list[QueueView] = Field(description="Job queues with their quotas.")
+    preemptions: list[PreemptionView] = Field(description="The most recent preemptions, newest first.")

@@ -1,0 +1,381 @@
+"""What the REST and UI routes answer, built from the quota tables and the quota file.
+
+The routes stay thin: they check access, parse parameters and call one function here. Reads go
+through :mod:`airflow_quota_provider.usage`; the one write (a priority change) goes through
+:func:`airflow_quota_provider.models.job.set_priority`, the same function ``airflow quota set-priority``
+calls.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+from urllib.parse import quote
+
+from sqlalchemy import func, select
+
+from airflow_quota_provider.models.job import (
+    EventKind,
+    JobState,
+    QuotaEvent,
+    QuotaJob,
+    QuotaPreemptionCount,
+    devices_of,
+    set_priority,
+)
+from airflow_quota_provider.plugins.datamodels import (
+    EventCollectionResponse,
+    EventResponse,
+    JobCollectionResponse,
+    JobResponse,
+    PreemptionPolicyResponse,
+    QueueCollectionResponse,
+    QueueResponse,
+    QuotaCollectionResponse,
+    QuotaResponse,
+)
+from airflow_quota_provider.plugins.datamodels_ui import (
+    DashboardResponse,
+    PendingJobView,
+    PreemptionView,
+    QueueView,
+    QuotaBarView,
+)
+from airflow_quota_provider.policy import PolicyError
+from airflow_quota_provider.usage import QuotaRow, pending_jobs, quota_rows
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from sqlalchemy.orm import Session
+
+    from airflow_quota_provider.policy import QuotaFile
+
+JOB_STATES = tuple(s.value for s in JobState)
+EVENT_KINDS = tuple(k.value for k in EventKind)
+RECENT_PREEMPTIONS = 20
+
+
+class BadRequest(ValueError):
+    """A parameter has a value the API does not accept; the message names it and the allowed values."""
+
+
+class NotFound(LookupError):
+    """No such job."""
+
+
+class Conflict(ValueError):
+    """The job is not in a state that allows the change."""
+
+
+def _dt(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc)
+
+
+def ti_url(job: QuotaJob) -> str:
+    """The task instance's page in the Airflow UI (absolute when ``[api] base_url`` is set)."""
+    from airflow.configuration import conf
+
+    base = conf.get("api", "base_url", fallback="").rstrip("/")
+    url = f"{base}/dags/{quote(job.dag_id, safe='')}/runs/{quote(job.run_id, safe='')}/tasks/{quote(job.task_id, safe='')}"
+    return f"{url}/mapped/{job.map_index}" if job.map_index >= 0 else url
+
+
+def _label(job: QuotaJob) -> str:
+    mi = f"[{job.map_index}]" if job.map_index >= 0 else ""
+    return f"{job.dag_id}.{job.task_id}{mi} ({job.run_id})"
+
+
+def _queue_name(quota_file: QuotaFile | None, quota: str) -> str | None:
+    if quota_file is None:
+        return None
+    try:
+        return quota_file.queue_of(quota).name
+    except (PolicyError, KeyError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------ quotas
+
+
+def queues(quota_file: QuotaFile, *, session: Session) -> QueueCollectionResponse:
+    rows = quota_rows(quota_file, session=session)
+    out = []
+    for queue in quota_file.queues:
+        mine = [r for r in rows if r.queue.name == queue.name]
+        out.append(
+            QueueResponse(
+                name=queue.name,
+                capacity=queue.capacity,
+                capacity_unit=queue.capacity_unit,
+                quotas=[q.name for q in queue.quotas],
+                common_pool=queue.capacity - sum(q.capacity for q in queue.quotas),
+                in_use=sum(r.usage.in_use for r in mine),
+                pending_jobs=sum(r.usage.pending_jobs for r in mine),
+            )
+        )
+    return QueueCollectionResponse(queues=out, total_entries=len(out))
+
+
+def _quota_response(row: QuotaRow) -> QuotaResponse:
+    q, u = row.quota, row.usage
+    return QuotaResponse(
+        name=q.name,
+        queue=row.queue.name,
+        capacity=u.capacity,
+        in_use=u.in_use,
+        borrowed=u.borrowed,
+        lent=u.lent,
+        free=u.free,
+        pending_jobs=u.pending_jobs,
+        pending_gpus=u.pending_gpus,
+        sharing=q.sharing,
+        borrow_limit=q.borrow_limit,
+        lend_limit=q.lend_limit,
+        weight=q.weight,
+        max_priority=q.max_priority,
+        max_preemptions=q.max_preemptions,
+        on_preemption_limit=q.on_preemption_limit,
+        grace_period_s=q.grace_period_s,
+        preemption=PreemptionPolicyResponse(
+            within_quota=q.preemption.within_quota,
+            reclaim=q.preemption.reclaim,
+            borrow_within=q.preemption.borrow_within,
+        ),
+    )
+
+
+def quotas(quota_file: QuotaFile, *, session: Session) -> QuotaCollectionResponse:
+    out = [_quota_response(r) for r in quota_rows(quota_file, session=session)]
+    return QuotaCollectionResponse(quotas=out, total_entries=len(out))
+
+
+# -------------------------------------------------------------------------------------------- jobs
+
+
+def _preemption_counts(jobs: Iterable[QuotaJob], *, session: Session) -> dict[tuple, int]:
+    keys = {(j.dag_id, j.run_id, j.task_id, j.map_index) for j in jobs}
+    if not keys:
+        return {}
+    rows = session.scalars(select(QuotaPreemptionCount).where(QuotaPreemptionCount.dag_id.in_({k[0] for k in keys})))
+    return {(r.dag_id, r.run_id, r.task_id, r.map_index): r.count for r in rows}
+
+
+def _job_response(job: QuotaJob, quota_file: QuotaFile | None, counts: dict[tuple, int], *, session: Session) -> JobResponse:
+    return JobResponse(
+        id=job.job_id,
+        dag_id=job.dag_id,
+        run_id=job.run_id,
+        task_id=job.task_id,
+        map_index=job.map_index,
+        try_number=job.try_number,
+        state=job.state,
+        quota=job.quota,
+        queue=job.queue_name or _queue_name(quota_file, job.quota),
+        gpus=job.gpus,
+        devices=devices_of(job.id, session=session),
+        priority=job.priority,
+        preemptible=job.preemptible,
+        preemptions=counts.get((job.dag_id, job.run_id, job.task_id, job.map_index), 0),
+        max_preemptions=job.max_preemptions,
+        pending_reason=job.pending_reason if job.state == JobState.PENDING.value else None,
+        pending_position=job.pending_position if job.state == JobState.PENDING.value else None,
+        preempted_for=job.preempted_for,
+        submitted_at=_dt(job.submitted_at),
+        started_at=_dt(job.started_at),
+        finished_at=_dt(job.finished_at),
+        message=job.message,
+        ti_url=ti_url(job),
+    )
+
+
+def parse_states(states: Sequence[str] | None) -> list[str] | None:
+    """``state`` query values (repeatable, or comma-separated) checked against the job states."""
+    if not states:
+        return None
+    wanted = [s.strip() for value in states for s in value.split(",") if s.strip()]
+    for s in wanted:
+        if s not in JOB_STATES:
+            raise BadRequest(f"state: {s!r} is not one of {', '.join(JOB_STATES)}")
+    return wanted
+
+
+def jobs(
+    quota_file: QuotaFile | None,
+    *,
+    quota: str | None,
+    states: Sequence[str] | None,
+    limit: int,
+    offset: int,
+    session: Session,
+) -> JobCollectionResponse:
+    query = select(QuotaJob)
+    if quota:
+        query = query.where(QuotaJob.quota == quota)
+    wanted = parse_states(states)
+    if wanted:
+        query = query.where(QuotaJob.state.in_(wanted))
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(query.order_by(QuotaJob.submitted_at, QuotaJob.id).limit(limit).offset(offset)).all()
+    counts = _preemption_counts(rows, session=session)
+    return JobCollectionResponse(
+        jobs=[_job_response(j, quota_file, counts, session=session) for j in rows], total_entries=total
+    )
+
+
+def get_job(job_id: str, *, session: Session) -> QuotaJob:
+    """The job row with this id; :class:`NotFound` naming the id."""
+    job = session.get(QuotaJob, int(job_id)) if job_id.isdigit() else None
+    if job is None:
+        raise NotFound(f"job {job_id!r} does not exist")
+    return job
+
+
+def change_priority(job_id: str, priority: int, quota_file: QuotaFile, *, session: Session) -> JobResponse:
+    """Set a waiting or running job's priority through :func:`~airflow_quota_provider.models.job.set_priority`
+    (which checks ``max_priority`` and writes the ``priority_changed`` audit event)."""
+    job = get_job(job_id, session=session)
+    if job.state not in {s.value for s in JobState.active()}:
+        raise Conflict(
+            f"job {job.job_id} is {job.state}; only {', '.join(s.value for s in JobState.active())} jobs can "
+            "change priority"
+        )
+    try:
+        max_priority = quota_file.quota(job.quota).max_priority
+    except (PolicyError, KeyError):
+        max_priority = None
+    changed = set_priority(
+        job.dag_id, job.run_id, job.task_id, priority, map_index=job.map_index, max_priority=max_priority, session=session
+    )
+    if changed.id != job.id:  # an older try of the task instance: the active job is a newer one
+        raise Conflict(f"job {job.job_id} is superseded by job {changed.job_id} of the same task instance")
+    counts = _preemption_counts([job], session=session)
+    return _job_response(job, quota_file, counts, session=session)
+
+
+# ------------------------------------------------------------------------------------------ events
+
+
+def events(
+    *,
+    quota: str | None,
+    kind: str | None,
+    job_id: str | None,
+    limit: int,
+    offset: int,
+    session: Session,
+) -> EventCollectionResponse:
+    query = select(QuotaEvent)
+    if quota:
+        query = query.where(QuotaEvent.quota == quota)
+    if kind:
+        if kind not in EVENT_KINDS:
+            raise BadRequest(f"kind: {kind!r} is not one of {', '.join(EVENT_KINDS)}")
+        query = query.where(QuotaEvent.kind == kind)
+    if job_id:
+        if not job_id.isdigit():
+            raise BadRequest(f"job_id: {job_id!r} is not a job id (a positive integer)")
+        query = query.where(QuotaEvent.job_id == int(job_id))
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(query.order_by(QuotaEvent.id.desc()).limit(limit).offset(offset)).all()
+    return EventCollectionResponse(events=[_event_response(e) for e in rows], total_entries=total)
+
+
+def _event_response(e: QuotaEvent) -> EventResponse:
+    return EventResponse(
+        id=e.id,
+        at=_dt(e.at),
+        kind=e.kind,
+        job_id=None if e.job_id is None else str(e.job_id),
+        dag_id=e.dag_id,
+        run_id=e.run_id,
+        task_id=e.task_id,
+        map_index=e.map_index,
+        quota=e.quota,
+        victim=e.victim,
+        preemptor=e.preemptor,
+        reason=e.reason,
+        devices=[d for d in (e.devices or "").split(",") if d],
+        message=e.message,
+    )
+
+
+# --------------------------------------------------------------------------------------------- UI
+
+
+def dashboard(quota_file: QuotaFile, quota_path: str, *, session: Session) -> DashboardResponse:
+    """One snapshot of everything the quota page draws."""
+    now = time.time()
+    rows = quota_rows(quota_file, session=session)
+    waiting: dict[str, list[PendingJobView]] = {}
+    for job in pending_jobs(session=session):
+        waiting.setdefault(job.quota, []).append(
+            PendingJobView(
+                id=job.job_id,
+                label=_label(job),
+                gpus=job.gpus,
+                priority=job.priority,
+                position=job.pending_position,
+                reason=job.pending_reason or "waiting for the next scheduling cycle",
+                waiting_s=max(0.0, now - job.submitted_at),
+                ti_url=ti_url(job),
+            )
+        )
+    views = []
+    for queue in quota_file.queues:
+        bars = []
+        for row in (r for r in rows if r.queue.name == queue.name):
+            q, u = row.quota, row.usage
+            owned = u.in_use - u.borrowed
+            bars.append(
+                QuotaBarView(
+                    name=q.name,
+                    capacity=u.capacity,
+                    owned=owned,
+                    borrowed=u.borrowed,
+                    lent=u.lent,
+                    idle=max(0, u.capacity - owned - u.lent),
+                    free=u.free,
+                    sharing=q.sharing,
+                    borrow_limit=q.borrow_limit,
+                    lend_limit=q.lend_limit,
+                    max_priority=q.max_priority,
+                    pending_jobs=u.pending_jobs,
+                    pending_gpus=u.pending_gpus,
+                    pending=waiting.get(q.name, []),
+                )
+            )
+        views.append(
+            QueueView(name=queue.name, capacity=queue.capacity, in_use=sum(b.owned + b.borrowed for b in bars), quotas=bars)
+        )
+    return DashboardResponse(
+        generated_at=_dt(now),
+        quota_file=quota_path,
+        queues=views,
+        preemptions=recent_preemptions(session=session),
+    )
+
+
+def recent_preemptions(*, limit: int = RECENT_PREEMPTIONS, session: Session) -> list[PreemptionView]:
+    """The latest ``preempted`` events with both jobs named."""
+    evs = session.scalars(
+        select(QuotaEvent).where(QuotaEvent.kind == EventKind.PREEMPTED.value).order_by(QuotaEvent.id.desc()).limit(limit)
+    ).all()
+    ids = {int(x) for e in evs for x in (e.victim, e.preemptor) if x and x.isdigit()}
+    named = {str(j.id): j for j in session.scalars(select(QuotaJob).where(QuotaJob.id.in_(ids)))} if ids else {}
+    out = []
+    for e in evs:
+        victim, preemptor = named.get(e.victim or ""), named.get(e.preemptor or "")
+        out.append(
+            PreemptionView(
+                at=_dt(e.at),
+                victim=_label(victim) if victim else f"job {e.victim}",
+                victim_quota=e.quota,
+                preemptor=_label(preemptor) if preemptor else f"job {e.preemptor}",
+                preemptor_quota=preemptor.quota if preemptor else None,
+                reason=e.reason,
+                message=e.message,
+            )
+        )
+    return out

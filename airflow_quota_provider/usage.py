@@ -1,0 +1,77 @@
+"""Read side of the quota tables: per-quota usage as the REST API, the UI page and the metrics show it.
+
+The figures come from :func:`airflow_quota_provider.policy.summarize` over the same state the
+executor decides on (running and stopping jobs hold GPUs; pending jobs that Airflow has queued wait),
+so what people see is what the next scheduling cycle works with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from airflow_quota_provider.models.job import JobState, QuotaJob, list_jobs
+from airflow_quota_provider.policy import PolicyError, QuotaUsage, State, load_quota_file, summarize
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from sqlalchemy.orm import Session
+
+    from airflow_quota_provider.policy import Queue, Quota, QuotaFile
+
+
+class QuotaFileUnavailable(RuntimeError):
+    """``[quota] quota_file`` is unset, unreadable or invalid; the message names the setting and why."""
+
+
+def configured_quota_file() -> QuotaFile:
+    """The quota file named by ``[quota] quota_file``, read now (edits show up on the next call)."""
+    from airflow.configuration import conf
+
+    path = conf.get("quota", "quota_file", fallback="")
+    if not path:
+        raise QuotaFileUnavailable("[quota] quota_file: not set; point it at the quota file (YAML)")
+    try:
+        return load_quota_file(path)
+    except PolicyError as e:
+        raise QuotaFileUnavailable(f"{path}: {e}") from None
+    except OSError as e:
+        raise QuotaFileUnavailable(f"[quota] quota_file: cannot read {path}: {e.strerror}") from None
+
+
+@dataclass(frozen=True)
+class QuotaRow:
+    """One quota's rule and its figures right now."""
+
+    queue: Queue
+    quota: Quota
+    usage: QuotaUsage
+
+
+def quota_rows(quota_file: QuotaFile, *, session: Session) -> list[QuotaRow]:
+    """Every quota of every job queue, in file order, with :func:`~airflow_quota_provider.policy.summarize`'s
+    figures computed from the job table."""
+    from airflow_quota_provider.executors.quota_executor import policy_job
+
+    jobs = list_jobs(states=[JobState.PENDING, JobState.RUNNING, JobState.STOPPING], session=session)
+    rows = []
+    for queue in quota_file.queues:
+        names = {q.name for q in queue.quotas}
+        mine = [j for j in jobs if j.quota in names]
+        running = [policy_job(j, 0) for j in mine if j.state != JobState.PENDING.value]
+        pending = [policy_job(j, 0) for j in mine if _waiting(j)]
+        usage = summarize(State.for_queue(queue, running, pending))
+        rows.extend(QuotaRow(queue, quota, usage[quota.name]) for quota in queue.quotas)
+    return rows
+
+
+def _waiting(job: QuotaJob) -> bool:
+    """A pending job that Airflow has queued (a revoked one keeps its place but is not waiting now)."""
+    return job.state == JobState.PENDING.value and bool(job.workload)
+
+
+def pending_jobs(quota_file: QuotaFile | None = None, *, session: Session) -> Sequence[QuotaJob]:
+    """Waiting jobs by quota and position (the order of each quota's queue)."""
+    jobs = [j for j in list_jobs(states=[JobState.PENDING], session=session) if _waiting(j)]
+    return sorted(jobs, key=lambda j: (j.quota, j.pending_position or 1 << 30, j.submitted_at, j.id))

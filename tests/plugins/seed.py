@@ -1,0 +1,96 @@
+"""Seed quota job rows with the models' own functions, in the environment of a test Airflow.
+
+Run as ``python -m tests.plugins.seed`` with a JSON list of cases on stdin; prints ``{case: job id}``.
+Each case becomes one job of DAG ``quota_cases``, run ``seeded``, task ``<case>`` (so rows are named
+after their case):
+
+``{"case": str, "quota": str, "gpus": int, "priority": int, "state": "pending"|"running"|"finished",
+"devices": [str], "position": int, "reason": str, "waited_s": float, "preemptions": int,
+"preempted_by": <case>, "preempt_reason": str}``
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+DAG_ID = "quota_cases"
+RUN_ID = "seeded"
+
+
+def seed(cases: list[dict]) -> dict[str, int]:
+    from airflow.utils.session import create_session
+    from airflow_quota_provider.models.job import (
+        EventKind,
+        JobState,
+        QuotaJob,
+        allocate_devices,
+        count_preemption,
+        record_event,
+    )
+
+    now = time.time()
+    ids: dict[str, int] = {}
+    with create_session() as session:
+        jobs: dict[str, QuotaJob] = {}
+        for case in cases:
+            state = case.get("state", "pending")
+            job = QuotaJob(
+                dag_id=DAG_ID,
+                run_id=RUN_ID,
+                task_id=case["case"],
+                map_index=-1,
+                try_number=1,
+                quota=case["quota"],
+                gpus=case.get("gpus", 1),
+                priority=case.get("priority", 0),
+                submitted_at=now - case.get("waited_s", 30.0),
+                state=JobState.PENDING.value,
+                workload="{}",  # as if Airflow had queued it
+            )
+            session.add(job)
+            session.flush()
+            record_event(EventKind.SUBMITTED, job=job, session=session, message=f"priority {job.priority}")
+            for _ in range(case.get("preemptions", 0)):
+                count_preemption(job, session=session)
+            if state == "pending":
+                job.pending_reason = case.get("reason", "waiting for the next scheduling cycle")
+                job.pending_position = case.get("position", 1)
+            else:
+                devices = case.get("devices", [])
+                allocate_devices(job, devices, session=session)
+                job.state, job.started_at = JobState.RUNNING.value, now - 5
+                record_event(EventKind.ADMITTED, job=job, session=session, devices=",".join(devices))
+                if state == "finished":
+                    job.state, job.finished_at, job.message = JobState.FINISHED.value, now, "exit code 0"
+            jobs[case["case"]] = job
+        for case in cases:
+            if "preempted_by" in case:
+                victim, preemptor = jobs[case["case"]], jobs[case["preempted_by"]]
+                fields = dict(victim=victim.job_id, preemptor=preemptor.job_id, reason=case.get("preempt_reason", "reclaim"))
+                record_event(EventKind.PREEMPTED, job=victim, session=session, **fields)
+        session.flush()
+        ids = {name: job.id for name, job in jobs.items()}
+    return ids
+
+
+def finish(job_id: int) -> None:
+    """End a running job the way the executor does: free its devices, mark it finished."""
+    from airflow.utils.session import create_session
+    from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, record_event, release_devices
+
+    with create_session() as session:
+        job = session.get(QuotaJob, job_id)
+        release_devices(job, session=session)
+        job.state, job.finished_at, job.message = JobState.FINISHED.value, time.time(), "exit code 0"
+        record_event(EventKind.FINISHED, job=job, session=session, message=job.message)
+
+
+if __name__ == "__main__":
+    request = json.load(sys.stdin)
+    if isinstance(request, dict) and "finish" in request:
+        finish(int(request["finish"]))
+        print(json.dumps({}))
+    else:
+        print(json.dumps(seed(request)))

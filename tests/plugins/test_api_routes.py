@@ -1,0 +1,183 @@
+"""The REST API under /quota/api against a running Airflow api-server (tests/quota_api_support.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_quota_provider.get_provider_info import get_provider_info
+from tests.quota_api_support import REASON_BEHIND, REASON_BLOCKED
+
+READ_ROUTES = [
+    "/quota/api/queues",
+    "/quota/api/quotas",
+    "/quota/api/jobs",
+    "/quota/api/events",
+    "/quota/api/openapi.json",
+    "/quota/ui/",
+    "/quota/ui/dashboard",
+    "/quota/ui/static/quota.js",
+    "/quota/ui/static/quota.css",
+]
+
+
+@pytest.fixture(scope="module")
+def jobs(server):
+    return server.baseline()
+
+
+def test_plugin_is_registered_through_provider_info_and_loaded_by_the_api_server(server):
+    (entry,) = get_provider_info()["plugins"]
+    assert entry["plugin-class"] == "airflow_quota_provider.plugins.quota_plugin.QuotaPlugin"
+
+    status, body = server.request("GET", "/api/v2/plugins", user="admin")
+    assert status == 200
+    (plugin,) = [p for p in body["plugins"] if p["name"] == "quota"]
+    assert plugin["fastapi_apps"][0]["url_prefix"] == "/quota"
+    (view,) = plugin["external_views"]
+    assert (view["href"], view["url_route"], view["destination"]) == ("/quota/ui/", "gpu-quotas", "nav")
+
+
+@pytest.mark.parametrize("path", READ_ROUTES)
+def test_every_route_refuses_a_request_without_a_token(server, path):
+    status, body = server.request("GET", path)
+    assert status == 401, body
+
+
+def test_patch_refuses_a_request_without_a_token(server, jobs):
+    status, _ = server.request("PATCH", f"/quota/api/jobs/{jobs['team_a_pending_behind']}", {"priority": 30})
+    assert status == 401
+
+
+@pytest.mark.parametrize("path", READ_ROUTES)
+def test_a_viewer_may_read_every_route(server, jobs, path):
+    status, _ = server.request("GET", path, user="viewer")
+    assert status == 200
+
+
+def test_quotas_show_the_figures_the_policy_computes(server, jobs):
+    status, body = server.request("GET", "/quota/api/quotas", user="viewer")
+    assert status == 200
+    by_name = {q["name"]: q for q in body["quotas"]}
+    assert body["total_entries"] == 3
+    figures = ("queue", "capacity", "in_use", "borrowed", "lent", "free", "pending_jobs", "pending_gpus")
+    assert {k: by_name["team-a"][k] for k in figures} == {
+        "queue": "gpu-fleet", "capacity": 4, "in_use": 2, "borrowed": 0, "lent": 1, "free": 1,
+        "pending_jobs": 2, "pending_gpus": 3,
+    }
+    assert {k: by_name["team-b"][k] for k in figures} == {
+        "queue": "gpu-fleet", "capacity": 4, "in_use": 5, "borrowed": 1, "lent": 0, "free": 1,
+        "pending_jobs": 0, "pending_gpus": 0,
+    }
+    assert (by_name["team-a"]["sharing"], by_name["team-a"]["max_priority"]) == ("lend_and_borrow", 100)
+    assert (by_name["team-b"]["borrow_limit"], by_name["team-lab"]["sharing"]) == (4, "reserve")
+    assert by_name["team-a"]["preemption"] == {"within_quota": "lower_priority", "reclaim": "any", "borrow_within": None}
+
+
+def test_queues_list_their_quotas_and_usage(server, jobs):
+    status, body = server.request("GET", "/quota/api/queues", user="viewer")
+    assert status == 200
+    fleet = next(q for q in body["queues"] if q["name"] == "gpu-fleet")
+    assert fleet == {
+        "name": "gpu-fleet", "capacity": 8, "capacity_unit": None, "quotas": ["team-a", "team-b"],
+        "common_pool": 0, "in_use": 7, "pending_jobs": 2,
+    }
+
+
+def test_jobs_filtered_by_quota_and_state_carry_reason_position_devices_and_link(server, jobs):
+    status, body = server.request("GET", "/quota/api/jobs?quota=team-a&state=pending", user="viewer")
+    assert status == 200
+    rows = {j["task_id"]: j for j in body["jobs"]}
+    assert set(rows) >= {"team_a_pending_blocked", "team_a_pending_behind"}
+    blocked = rows["team_a_pending_blocked"]
+    assert (blocked["state"], blocked["pending_position"], blocked["pending_reason"]) == ("pending", 1, REASON_BLOCKED)
+    assert rows["team_a_pending_behind"]["pending_reason"] == REASON_BEHIND
+    assert blocked["ti_url"] == "http://127.0.0.1:18210/dags/quota_cases/runs/seeded/tasks/team_a_pending_blocked"
+    assert blocked["started_at"] is None and blocked["submitted_at"]
+
+    status, body = server.request("GET", "/quota/api/jobs?state=running,finished&quota=team-b", user="viewer")
+    rows = {j["task_id"]: j for j in body["jobs"]}
+    assert rows["team_b_borrower_running"]["devices"] == ["0", "1", "2", "3", "4"]
+    assert rows["team_b_borrower_running"]["started_at"] is not None
+    assert rows["team_b_preempted_earlier"]["preemptions"] == 1
+    assert rows["team_b_preempted_earlier"]["devices"] == []
+
+
+def test_an_unknown_job_state_is_refused_naming_the_allowed_ones(server, jobs):
+    status, body = server.request("GET", "/quota/api/jobs?state=waiting", user="viewer")
+    assert status == 400
+    assert body["detail"] == "state: 'waiting' is not one of pending, running, stopping, preempted, finished, failed"
+
+
+def test_events_are_paged_newest_first(server, jobs):
+    status, first = server.request("GET", "/quota/api/events?limit=2", user="viewer")
+    assert status == 200
+    _, second = server.request("GET", "/quota/api/events?limit=2&offset=2", user="viewer")
+    ids = [e["id"] for e in first["events"] + second["events"]]
+    assert ids == sorted(ids, reverse=True) and len(set(ids)) == 4
+    assert first["total_entries"] == second["total_entries"] >= 4
+
+    _, preempted = server.request("GET", "/quota/api/events?kind=preempted", user="viewer")
+    event = next(e for e in preempted["events"] if e["task_id"] == "team_b_preempted_earlier")
+    assert (event["victim"], event["preemptor"], event["reason"]) == (
+        str(jobs["team_b_preempted_earlier"]), str(jobs["team_a_running"]), "reclaim"
+    )
+    status, body = server.request("GET", "/quota/api/events?kind=nope", user="viewer")
+    assert status == 400 and body["detail"].startswith("kind: 'nope' is not one of submitted, admitted")
+
+
+def _priority(server, job_id: int) -> int:
+    return server.instance.sql("SELECT priority FROM quota_job WHERE id=?", job_id)[0]["priority"]
+
+
+def test_a_viewer_may_not_change_a_priority(server, jobs):
+    job_id = jobs["team_a_pending_behind"]
+    before = _priority(server, job_id)
+    status, body = server.request("PATCH", f"/quota/api/jobs/{job_id}", {"priority": 99}, user="viewer")
+    assert status == 403, body
+    assert _priority(server, job_id) == before
+
+
+def test_patch_priority_changes_the_row_and_writes_an_audit_event(server):
+    job_id = server.seed({"case": "patch_priority_ok", "quota": "team-a", "priority": 20, "position": 3})[
+        "patch_priority_ok"
+    ]
+    status, body = server.request("PATCH", f"/quota/api/jobs/{job_id}", {"priority": 90}, user="op")
+    assert status == 200, body
+    assert (body["id"], body["priority"], body["state"]) == (str(job_id), 90, "pending")
+    assert _priority(server, job_id) == 90
+
+    status, events = server.request("GET", f"/quota/api/events?kind=priority_changed&job_id={job_id}", user="viewer")
+    assert status == 200
+    (event,) = events["events"]
+    assert (event["quota"], event["task_id"], event["message"]) == ("team-a", "patch_priority_ok", "priority 20 -> 90")
+
+
+def test_a_priority_above_the_quotas_max_priority_is_refused_naming_it(server):
+    job_id = server.seed({"case": "patch_above_max", "quota": "team-a", "priority": 20})["patch_above_max"]
+    status, body = server.request("PATCH", f"/quota/api/jobs/{job_id}", {"priority": 101}, user="admin")
+    assert status == 400
+    assert body["detail"] == "priority: 101 is above quota team-a's max_priority 100"
+    assert _priority(server, job_id) == 20
+
+
+def test_patch_of_a_finished_job_conflicts(server, jobs):
+    status, body = server.request(
+        "PATCH", f"/quota/api/jobs/{jobs['team_b_preempted_earlier']}", {"priority": 7}, user="op"
+    )
+    assert status == 409
+    assert "is finished" in body["detail"]
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "code"),
+    [
+        pytest.param("/quota/api/jobs/999999", {"priority": 1}, 404, id="unknown job"),
+        pytest.param("/quota/api/jobs/abc", {"priority": 1}, 404, id="not a job id"),
+        pytest.param(None, {"priority": "high"}, 422, id="priority not an integer"),
+        pytest.param(None, {"priority": 1, "quota": "team-b"}, 422, id="only priority may change"),
+    ],
+)
+def test_bad_patch_requests(server, jobs, path, payload, code):
+    path = path or f"/quota/api/jobs/{jobs['team_a_pending_behind']}"
+    status, body = server.request("PATCH", path, payload, user="op")
+    assert status == code, body
