@@ -35,7 +35,7 @@ MAX_QUOTA_SHARES_PER_QUEUE = 20
 """AWS Batch's documented limit of quota shares per job queue (not in the service model)."""
 
 MANAGED_TAG = "airflow-quota-provider:managed"
-CLIENT_TOKEN_TAG = "airflow-quota-provider:client-token"
+TASK_INSTANCE_TAG = "airflow-quota-provider:task-instance"
 
 _STRATEGY = {"reserve": "RESERVE", "lend": "LEND", "lend_and_borrow": "LEND_AND_BORROW"}
 _IN_SHARE_PREEMPTION = {"never": "DISABLED", "lower_priority": "ENABLED"}
@@ -431,27 +431,36 @@ class BatchQuotaShareHook(AwsBaseHook):
             notes=tuple(local_only_notes(queue)),
         )
 
-    def apply_plan(self, plan: QuotaSharePlan, *, wait: bool = True, waiter_delay: int = 5,
-                   waiter_max_attempts: int = 60) -> list[PlannedChange]:
+    def apply_plan(
+        self, plan: QuotaSharePlan, *, wait: bool = True, waiter_delay: int = 5, waiter_max_attempts: int = 60
+    ) -> list[PlannedChange]:
         """Make the calls of ``plan`` in order (removals, updates, creations); returns those made.
 
-        A share is DISABLED before it is deleted, as AWS Batch requires; with ``wait`` each disabled
-        share is waited for (``quota_share_settled``) before its deletion.
+        A share is DISABLED, and with ``wait`` settled (``quota_share_settled``: status VALID), before
+        it is deleted, as AWS Batch requires. With ``wait``, created and updated shares are also
+        waited for, so that jobs can be submitted to them when this returns.
         """
         done = []
+        to_settle = []
         for change in plan.changes:
             self.log.info("Quota share %s", change.describe())
             if change.action == "create":
-                self.conn.create_quota_share(**change.request)
-            elif change.action in ("update", "disable"):
+                to_settle.append(self.conn.create_quota_share(**change.request)["quotaShareArn"])
+            elif change.action == "update":
                 self.conn.update_quota_share(**change.request)
-                if change.action == "disable" and wait:
-                    self.wait_quota_share_settled(change.request["quotaShareArn"], waiter_delay, waiter_max_attempts)
+                to_settle.append(change.request["quotaShareArn"])
+            elif change.action == "disable":
+                self.conn.update_quota_share(**change.request)
             elif change.action == "delete":
+                if wait:  # the share must be VALID again (its disabling settled) to be deleted
+                    self.wait_quota_share_settled(change.request["quotaShareArn"], waiter_delay, waiter_max_attempts)
                 self.conn.delete_quota_share(**change.request)
             else:  # pragma: no cover - plans are built above
                 raise ValueError(f"unknown action {change.action}")
             done.append(change)
+        if wait:
+            for arn in to_settle:
+                self.wait_quota_share_settled(arn, waiter_delay, waiter_max_attempts)
         return done
 
     def wait_quota_share_settled(self, quota_share_arn: str, delay: int = 5, max_attempts: int = 60) -> None:
@@ -551,13 +560,16 @@ class BatchQuotaShareHook(AwsBaseHook):
         paginator = self.conn.get_paginator("list_service_jobs")
         return [job for page in paginator.paginate(**kwargs) for job in page["jobSummaryList"]]
 
-    def find_service_job(self, job_queue: str, job_name: str, client_token: str) -> dict[str, Any] | None:
-        """The job an earlier try submitted with ``client_token`` (tagged with it), or None."""
+    def find_service_job(self, job_queue: str, job_name: str, task_instance_key: str) -> dict[str, Any] | None:
+        """The newest job named ``job_name`` tagged with ``task_instance_key`` (see TASK_INSTANCE_TAG), or None.
+
+        ListServiceJobs returns the most recent jobs first, so the first match is the newest.
+        """
         for summary in self.list_service_jobs(job_queue, job_name=job_name):
             if summary.get("jobName") != job_name:
                 continue  # JOB_NAME matching is case-insensitive
             detail = self.describe_service_job(summary["jobId"])
-            if (detail.get("tags") or {}).get(CLIENT_TOKEN_TAG) == client_token:
+            if (detail.get("tags") or {}).get(TASK_INSTANCE_TAG) == task_instance_key:
                 return detail
         return None
 

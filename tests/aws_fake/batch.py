@@ -211,6 +211,7 @@ class FakeBatch:
         self.calls: list[tuple[str, dict[str, Any]]] = []  # every API call, for assertions
         self.default_script: list[Any] = []
         self.fail_next: dict[str, str] = {}  # operation -> message, answered once as ClientException
+        self.slow_settle = False  # True: a created/updated share is described once as CREATING/UPDATING
         self.list_lag: dict[str, int] = {}  # jobId -> ListServiceJobs calls that do not show it yet
 
     # ------------------------------------------------------------------ test hooks
@@ -400,6 +401,7 @@ class FakeBatch:
             resource_sharing=body["resourceSharingConfiguration"],
             preemption=body["preemptionConfiguration"],
             state=body.get("state", "ENABLED"),
+            status="CREATING",  # VALID once it has been described (the service settles it)
             tags=body.get("tags", {}),
         )
         self.shares[share.arn] = share
@@ -416,15 +418,25 @@ class FakeBatch:
             share.preemption = body["preemptionConfiguration"]
         if "state" in body:
             share.state = body["state"]
+        share.status = "UPDATING"
         return {"quotaShareName": share.name, "quotaShareArn": share.arn}
 
     def op_DescribeQuotaShare(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._share(body["quotaShareArn"]).to_api(with_tags=True)
+        share = self._share(body["quotaShareArn"])
+        settling = share.status in ("CREATING", "UPDATING")
+        if settling and not self.slow_settle:
+            share.status = "VALID"
+        detail = share.to_api(with_tags=True)
+        if settling:  # with slow_settle, one DescribeQuotaShare still sees CREATING/UPDATING
+            share.status = "VALID"
+        return detail
 
     def op_DeleteQuotaShare(self, body: dict[str, Any]) -> dict[str, Any]:
         share = self._share(body["quotaShareArn"])
         if share.state != "DISABLED":
             raise FakeClientError(f"Quota share {share.name} must be DISABLED before it can be deleted")
+        if share.status != "VALID":
+            raise FakeClientError(f"Quota share {share.name} is {share.status}; it can be deleted once VALID")
         for job in self.jobs.values():
             if job.quota_share == share.name and job.queue is share.queue and job.status not in TERMINAL_STATES:
                 self._stop(job, "FAILED", f"Quota share {share.name} was deleted")

@@ -121,14 +121,30 @@ def test_changed_file_updates_disables_and_deletes_until_aws_matches(hook, aws_f
     # borrow_limit 4 of 8 and 5 of 10 are both 50%: only the capacity changes.
     assert by_name["update", "team-a"].changes == ("capacity 8 ml.p4d.24xlarge -> 10 ml.p4d.24xlarge",)
     assert by_name["update", "team-b"].changes == ("inSharePreemption DISABLED -> ENABLED",)
+    aws_fake.slow_settle = True  # the service takes a moment: the waiter polls again
+    reads = len(aws_fake.calls_of("DescribeQuotaShare"))
     hook.apply_plan(plan, waiter_delay=0)
 
     assert sorted(shares(aws_fake)) == ["team-a", "team-b", "team-d"]
+    assert {s["status"] for s in shares(aws_fake).values()} == {"VALID"}
+    # each disabled, updated and created share was waited for until VALID (two reads each)
+    assert len(aws_fake.calls_of("DescribeQuotaShare")) - reads == 2 * 4
     assert shares(aws_fake)["team-a"]["capacityLimits"] == [{"maxCapacity": 10, "capacityUnit": UNIT}]
     assert hook.plan_quota_shares(JOB_QUEUE, changed).empty
     # AWS requires DISABLED before delete: the update came first.
     ops = [(op, body.get("state")) for op, body in aws_fake.calls if op in WRITES]
     assert ops.index(("UpdateQuotaShare", "DISABLED")) < ops.index(("DeleteQuotaShare", None))
+
+
+def test_a_share_is_deleted_only_once_its_disabling_has_settled(hook, aws_fake):  # noqa: F811
+    hook.apply_plan(hook.plan_quota_shares(JOB_QUEUE, quota_file(*TEAMS)))
+    aws_fake.slow_settle = True
+    plan = hook.plan_quota_shares(JOB_QUEUE, quota_file(*TEAMS[:2]))
+
+    with pytest.raises(hook.conn.exceptions.ClientException, match="team-c is UPDATING; it can be deleted once VALID"):
+        hook.apply_plan(plan, wait=False)
+    hook.apply_plan(hook.plan_quota_shares(JOB_QUEUE, quota_file(*TEAMS[:2])), waiter_delay=0)
+    assert sorted(shares(aws_fake)) == ["team-a", "team-b"]
 
 
 def test_a_disabled_share_in_the_file_is_enabled_again(hook, aws_fake):  # noqa: F811
@@ -368,8 +384,9 @@ def test_quota_share_waiter_is_our_own_json(hook, aws_fake):  # noqa: F811
     assert {"service_job_complete", "quota_share_settled"} <= set(hook.list_waiters())
     hook.apply_plan(hook.plan_quota_shares(JOB_QUEUE, quota_file(*TEAMS)))
     arn = next(iter(aws_fake.shares))
+    reads = len(aws_fake.calls_of("DescribeQuotaShare"))
     hook.wait_quota_share_settled(arn, delay=0, max_attempts=1)
-    assert aws_fake.calls_of("DescribeQuotaShare") == [{"quotaShareArn": arn}]
+    assert aws_fake.calls_of("DescribeQuotaShare")[reads:] == [{"quotaShareArn": arn}]
 
 
 def test_the_connection_endpoint_reaches_the_fake(hook, aws_fake):  # noqa: F811
