@@ -123,6 +123,11 @@ def apply(args: Any) -> None:
     """Plan, print, and (unless --dry-run) apply one queue of a quota file to an AWS Batch job queue."""
     from airflow_quota_provider.policy import PolicyError, load_quota_file
 
+    if getattr(args, "backend", "aws-batch") != "aws-batch":
+        raise SystemExit(
+            "Error: --backend: apply needs aws-batch; the local executor reads the quota file named by "
+            "[quota] quota_file itself"
+        )
     try:
         quota_file = load_quota_file(args.quota_file)
     except PolicyError as error:

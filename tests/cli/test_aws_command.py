@@ -39,7 +39,11 @@ def quota_yaml(tmp_path):
 
 
 def apply(argv):
-    aws_command.apply(parse(aws_command.APPLY_ARGS, ["--backend", "aws-batch", "--job-queue", JOB_QUEUE, *argv]))
+    apply_to(JOB_QUEUE, *argv)
+
+
+def apply_to(job_queue, *argv):
+    aws_command.apply(parse(aws_command.APPLY_ARGS, ["--backend", "aws-batch", "--job-queue", job_queue, *argv]))
 
 
 def test_dry_run_shows_the_plan_and_changes_nothing(aws_fake, quota_yaml, capsys):  # noqa: F811
@@ -85,8 +89,10 @@ def test_bad_file_and_bad_queue_exit_without_traceback(aws_fake, tmp_path, quota
         apply([str(path)])
     with pytest.raises(SystemExit, match=r"^Error: --queue: 'other' is not one of gpu-fleet$"):
         apply(["--queue", "other", quota_yaml])
-    with pytest.raises(SystemExit, match=r"^Error: describe|^Error: job queue 'missing': not found"):
-        aws_command.apply(parse(aws_command.APPLY_ARGS, ["--job-queue", "missing", quota_yaml]))
+    with pytest.raises(SystemExit, match=r"^Error: job queue 'missing': not found in AWS Batch$"):
+        apply_to("missing", quota_yaml)
+    with pytest.raises(SystemExit, match=r"^Error: --backend: apply needs aws-batch"):
+        aws_command.apply(parse(aws_command.APPLY_ARGS, ["--job-queue", JOB_QUEUE, quota_yaml]))
     with pytest.raises(SystemExit):
         parse(aws_command.APPLY_ARGS, ["--backend", "gcp", quota_yaml])
     assert "argument --backend: invalid choice: 'gcp'" in capsys.readouterr().err
