@@ -67,3 +67,23 @@ def test_a_retried_task_does_not_submit_twice_through_airflow(aws_fake, tmp_path
     assert "was submitted by an earlier try" in log
     assert "not finished yet: RUNNABLE - preempted 1 times" in log  # the trigger's poll, after the preemption
     assert "was preempted (preemption 1 of at most 3 retried)" in log
+
+
+def test_the_example_file_defines_both_dags_with_the_sdk_names():
+    import importlib.util
+
+    from airflow_quota_provider.operators.batch_training import (
+        SageMakerBatchTrainingOperator,
+        UpdateServiceJobPriorityOperator,
+    )
+
+    spec = importlib.util.spec_from_file_location("aws_batch_training_example", DAG_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    train = module.training_dag.get_task("train")
+    assert isinstance(train, SageMakerBatchTrainingOperator)
+    assert (train.quota_share_name, train.priority) == ("{{ params.quota_share }}", "{{ params.priority }}")
+    assert train.preemption_retries_before_termination == 3
+    assert train.deferrable is True and train.retries == 1
+    assert isinstance(module.priority_dag.get_task("set_priority"), UpdateServiceJobPriorityOperator)
