@@ -21,6 +21,13 @@ RUN_ID = "seeded"
 
 def seed(cases: list[dict]) -> dict[str, int]:
     from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return seed_into(cases, session=session)
+
+
+def seed_into(cases: list[dict], *, session) -> dict[str, int]:
+    """Create the cases' jobs in ``session`` (flushed, not committed); case name -> job id."""
     from airflow_quota_provider.models.job import (
         EventKind,
         JobState,
@@ -31,48 +38,45 @@ def seed(cases: list[dict]) -> dict[str, int]:
     )
 
     now = time.time()
-    ids: dict[str, int] = {}
-    with create_session() as session:
-        jobs: dict[str, QuotaJob] = {}
-        for case in cases:
-            state = case.get("state", "pending")
-            job = QuotaJob(
-                dag_id=DAG_ID,
-                run_id=RUN_ID,
-                task_id=case["case"],
-                map_index=-1,
-                try_number=1,
-                quota=case["quota"],
-                gpus=case.get("gpus", 1),
-                priority=case.get("priority", 0),
-                submitted_at=now - case.get("waited_s", 30.0),
-                state=JobState.PENDING.value,
-                workload="{}",  # as if Airflow had queued it
-            )
-            session.add(job)
-            session.flush()
-            record_event(EventKind.SUBMITTED, job=job, session=session, message=f"priority {job.priority}")
-            for _ in range(case.get("preemptions", 0)):
-                count_preemption(job, session=session)
-            if state == "pending":
-                job.pending_reason = case.get("reason", "waiting for the next scheduling cycle")
-                job.pending_position = case.get("position", 1)
-            else:
-                devices = case.get("devices", [])
-                allocate_devices(job, devices, session=session)
-                job.state, job.started_at = JobState.RUNNING.value, now - 5
-                record_event(EventKind.ADMITTED, job=job, session=session, devices=",".join(devices))
-                if state == "finished":
-                    job.state, job.finished_at, job.message = JobState.FINISHED.value, now, "exit code 0"
-            jobs[case["case"]] = job
-        for case in cases:
-            if "preempted_by" in case:
-                victim, preemptor = jobs[case["case"]], jobs[case["preempted_by"]]
-                fields = dict(victim=victim.job_id, preemptor=preemptor.job_id, reason=case.get("preempt_reason", "reclaim"))
-                record_event(EventKind.PREEMPTED, job=victim, session=session, **fields)
+    jobs: dict[str, QuotaJob] = {}
+    for case in cases:
+        state = case.get("state", "pending")
+        job = QuotaJob(
+            dag_id=DAG_ID,
+            run_id=RUN_ID,
+            task_id=case["case"],
+            map_index=-1,
+            try_number=1,
+            quota=case["quota"],
+            gpus=case.get("gpus", 1),
+            priority=case.get("priority", 0),
+            submitted_at=now - case.get("waited_s", 30.0),
+            state=JobState.PENDING.value,
+            workload="{}",  # as if Airflow had queued it
+        )
+        session.add(job)
         session.flush()
-        ids = {name: job.id for name, job in jobs.items()}
-    return ids
+        record_event(EventKind.SUBMITTED, job=job, session=session, message=f"priority {job.priority}")
+        for _ in range(case.get("preemptions", 0)):
+            count_preemption(job, session=session)
+        if state == "pending":
+            job.pending_reason = case.get("reason", "waiting for the next scheduling cycle")
+            job.pending_position = case.get("position", 1)
+        else:
+            devices = case.get("devices", [])
+            allocate_devices(job, devices, session=session)
+            job.state, job.started_at = JobState.RUNNING.value, now - 5
+            record_event(EventKind.ADMITTED, job=job, session=session, devices=",".join(devices))
+            if state == "finished":
+                job.state, job.finished_at, job.message = JobState.FINISHED.value, now, "exit code 0"
+        jobs[case["case"]] = job
+    for case in cases:
+        if "preempted_by" in case:
+            victim, preemptor = jobs[case["case"]], jobs[case["preempted_by"]]
+            fields = dict(victim=victim.job_id, preemptor=preemptor.job_id, reason=case.get("preempt_reason", "reclaim"))
+            record_event(EventKind.PREEMPTED, job=victim, session=session, **fields)
+    session.flush()
+    return {name: job.id for name, job in jobs.items()}
 
 
 def finish(job_id: int) -> None:

@@ -1,0 +1,114 @@
+"""Quota metrics through Airflow's ``Stats`` (StatsD, Datadog or OpenTelemetry, as ``[metrics]`` says).
+
+QuotaExecutor calls :func:`emit_metrics` once per heartbeat. It sets the per-quota gauges from the
+same figures the REST API shows, and turns the audit events written since its last call into counters
+and a wait-time timer, so nothing is counted twice and a restarted scheduler does not re-count history.
+Every metric is named with the quota (``quota.gpus_in_use.team-a``, for StatsD, which has no tags) and
+also carries ``quota`` and ``queue`` tags (for Datadog and OTel). ``docs/metrics.md`` lists them.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from sqlalchemy import func, select
+
+from airflow.sdk.observability.stats import Stats, normalize_name_for_stats
+from airflow_quota_provider.models.job import EventKind, QuotaEvent, QuotaJob
+from airflow_quota_provider.usage import quota_rows
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from airflow_quota_provider.policy import QuotaFile
+
+log = logging.getLogger(__name__)
+
+GAUGES = ("gpus_in_use", "borrowed", "lent", "free", "pending_jobs", "pending_gpus")
+"""Per-quota gauges: ``quota.<gauge>.<quota>``."""
+
+_USAGE_FIELD = {"gpus_in_use": "in_use"}
+
+
+def emit_metrics(quota_file: QuotaFile, *, session: Session, since_event_id: int | None) -> int | None:
+    """Emit the per-quota gauges, and counters for the audit events after ``since_event_id``.
+
+    Returns the id of the last event looked at: pass it back as ``since_event_id`` next time. With
+    ``since_event_id=None`` (the first call after a start) history is skipped: only events written
+    from now on are counted. A failure is logged and never raised (metrics must not stop scheduling);
+    the cursor then stays where it was.
+    """
+    try:
+        _emit_gauges(quota_file, session=session)
+        if since_event_id is None:
+            return session.scalar(select(func.max(QuotaEvent.id))) or 0
+        return _emit_event_metrics(quota_file, since_event_id, session=session)
+    except Exception:
+        log.warning("Could not emit quota metrics", exc_info=True)
+        return since_event_id
+
+
+def _name(metric: str, *parts: str) -> str:
+    return normalize_name_for_stats(".".join(["quota", metric, *parts]))
+
+
+def _emit_gauges(quota_file: QuotaFile, *, session: Session) -> None:
+    for row in quota_rows(quota_file, session=session):
+        tags = {"quota": row.quota.name, "queue": row.queue.name}
+        for gauge in GAUGES:
+            value = getattr(row.usage, _USAGE_FIELD.get(gauge, gauge))
+            Stats.gauge(_name(gauge, row.quota.name), value, tags=tags)
+
+
+def _emit_event_metrics(quota_file: QuotaFile, since_event_id: int, *, session: Session) -> int:
+    kinds = [EventKind.ADMITTED.value, EventKind.PREEMPTED.value, EventKind.PREEMPTION_LIMIT_REACHED.value,
+             EventKind.REJECTED.value]
+    last = session.scalar(select(func.max(QuotaEvent.id))) or since_event_id
+    events = session.scalars(
+        select(QuotaEvent)
+        .where(QuotaEvent.id > since_event_id, QuotaEvent.id <= last, QuotaEvent.kind.in_(kinds))
+        .order_by(QuotaEvent.id)
+    ).all()
+    for event in events:
+        quota = event.quota or "unknown"
+        tags = {"quota": quota, "queue": _queue(quota_file, quota)}
+        if event.kind == EventKind.ADMITTED.value:
+            Stats.incr(_name("admissions", quota), tags=tags)
+            waited = _wait_s(event, session=session)
+            if waited is not None:
+                Stats.timing(_name("wait_time", quota), timedelta(seconds=waited), tags=tags)
+        elif event.kind == EventKind.PREEMPTED.value:
+            reason = event.reason or "unknown"
+            Stats.incr(_name("preemptions", quota, reason), tags={**tags, "reason": reason})
+        elif event.kind == EventKind.PREEMPTION_LIMIT_REACHED.value:
+            Stats.incr(_name("preemption_limit_failures", quota), tags=tags)
+        else:
+            Stats.incr(_name("rejections", quota), tags=tags)
+    return last
+
+
+def _queue(quota_file: QuotaFile, quota: str) -> str:
+    try:
+        return quota_file.queue_of(quota).name
+    except Exception:
+        return "unknown"
+
+
+def _wait_s(admitted: QuotaEvent, *, session: Session) -> float | None:
+    """Seconds the job waited before this admission: since it was submitted, or since it last went
+    back to its queue (a preempted job's ``submitted_at`` keeps its original place, not its wait)."""
+    if admitted.job_id is None:
+        return None
+    back = session.scalar(
+        select(func.max(QuotaEvent.at)).where(
+            QuotaEvent.job_id == admitted.job_id,
+            QuotaEvent.kind.in_([EventKind.STOPPED.value, EventKind.REVOKED.value]),
+            QuotaEvent.id < admitted.id,
+        )
+    )
+    start = back if back is not None else session.scalar(
+        select(QuotaJob.submitted_at).where(QuotaJob.id == admitted.job_id)
+    )
+    return None if start is None else max(0.0, admitted.at - start)

@@ -1,0 +1,117 @@
+"""emit_metrics through Airflow's Stats to a real StatsD client, received by a local UDP listener."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import yaml
+from sqlalchemy import create_engine, func, select
+from sqlalchemy.orm import Session
+
+from airflow.sdk.observability import stats
+from airflow_quota_provider.metrics import emit_metrics
+from airflow_quota_provider.models.base import quota_metadata
+from airflow_quota_provider.models.job import EventKind, QuotaEvent, QuotaJob, record_event
+from airflow_quota_provider.policy import parse_quota_file
+from tests.plugins.seed import seed_into
+from tests.quota_api_support import BASELINE, QUOTAS
+
+STATSD_PORT = 18250
+
+
+@pytest.fixture
+def statsd(monkeypatch):
+    """A UDP listener, and Airflow's Stats sending StatsD to it (as ``[metrics] statsd_on`` does)."""
+    from airflow._shared.observability.metrics.base_stats_logger import NoStatsLogger
+    from airflow.observability.metrics.stats_utils import get_stats_factory
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", STATSD_PORT))
+    sock.settimeout(0.5)
+    for key, value in {"STATSD_ON": "True", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": str(STATSD_PORT),
+                       "STATSD_PREFIX": "airflow"}.items():
+        monkeypatch.setenv(f"AIRFLOW__METRICS__{key}", value)
+    stats.initialize(factory=get_stats_factory(), export_legacy_names=False)
+
+    def received() -> list[str]:
+        lines = []
+        while True:
+            try:
+                lines.extend(sock.recv(65535).decode().splitlines())
+            except TimeoutError:
+                return lines
+
+    try:
+        yield received
+    finally:
+        stats.initialize(factory=NoStatsLogger, export_legacy_names=False)
+        sock.close()
+
+
+@pytest.fixture
+def session(tmp_path):
+    engine = create_engine(f"sqlite:///{tmp_path / 'quota.db'}")
+    quota_metadata.create_all(engine)
+    with Session(engine) as session:
+        yield session
+
+
+@pytest.fixture
+def quota_file():
+    return parse_quota_file(yaml.safe_load(QUOTAS))
+
+
+def test_gauges_per_quota_reach_statsd_and_history_is_not_counted(statsd, session, quota_file):
+    seed_into(list(BASELINE), session=session)
+
+    cursor = emit_metrics(quota_file, session=session, since_event_id=None)
+
+    lines = statsd()
+    for line in (
+        "airflow.quota.gpus_in_use.team-a:2|g",
+        "airflow.quota.gpus_in_use.team-b:5|g",
+        "airflow.quota.borrowed.team-b:1|g",
+        "airflow.quota.lent.team-a:1|g",
+        "airflow.quota.free.team-a:1|g",
+        "airflow.quota.pending_jobs.team-a:2|g",
+        "airflow.quota.pending_gpus.team-a:3|g",
+        "airflow.quota.gpus_in_use.team-lab:0|g",
+    ):
+        assert line in lines
+    assert not [x for x in lines if x.startswith("airflow.quota.admissions.")]  # seeded admissions are history
+    assert cursor == session.scalar(select(func.max(QuotaEvent.id))) > 0
+
+
+def test_events_since_the_cursor_become_counters_and_a_wait_timer_once(statsd, session, quota_file):
+    ids = seed_into([{"case": "metrics_waiter", "quota": "team-a", "gpus": 1, "waited_s": 30.0}], session=session)
+    cursor = emit_metrics(quota_file, session=session, since_event_id=None)
+    statsd()
+
+    waiter = session.get(QuotaJob, ids["metrics_waiter"])
+    record_event(EventKind.ADMITTED, job=waiter, session=session, devices="7")
+    fields = dict(victim="41", preemptor=waiter.job_id, reason="reclaim", quota="team-b")
+    record_event(EventKind.PREEMPTED, session=session, **fields)
+    record_event(EventKind.PREEMPTION_LIMIT_REACHED, session=session, message="past max_preemptions 0", **fields)
+    session.flush()
+
+    cursor = emit_metrics(quota_file, session=session, since_event_id=cursor)
+    lines = statsd()
+    assert "airflow.quota.admissions.team-a:1|c" in lines
+    assert "airflow.quota.preemptions.team-b.reclaim:1|c" in lines
+    assert "airflow.quota.preemption_limit_failures.team-b:1|c" in lines
+    (timer,) = [x for x in lines if x.startswith("airflow.quota.wait_time.team-a:")]
+    waited_ms = float(timer.split(":")[1].split("|")[0])
+    assert timer.endswith("|ms") and 30_000 <= waited_ms < 30_000 + 60_000
+
+    assert emit_metrics(quota_file, session=session, since_event_id=cursor) == cursor
+    again = statsd()
+    assert not [x for x in again if "|c" in x or "|ms" in x]
+    assert "airflow.quota.pending_jobs.team-a:1|g" in again  # gauges every call
+
+
+def test_a_failure_is_logged_not_raised_and_keeps_the_cursor(statsd, quota_file, tmp_path):
+    broken = Session(create_engine(f"sqlite:///{tmp_path / 'empty.db'}"))  # no quota tables
+    assert emit_metrics(quota_file, session=broken, since_event_id=7) == 7
+    broken.close()
+    assert statsd() == []
