@@ -37,7 +37,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.common.compat.sdk import DecoratedOperator, context_merge, task_decorator_factory
@@ -49,8 +48,7 @@ from airflow_quota_provider.operators.training import (
     QuotaPreempted,
     QuotaRun,
     QuotaTaskArgumentError,
-    _default_checkpoint_dir,
-    _grace_seconds,
+    QuotaTaskMixin,
     quota_operator_kwargs,
     quota_partial_kwargs,
 )
@@ -67,7 +65,7 @@ def current_quota_run() -> QuotaRun | None:
     return _current
 
 
-class _QuotaDecoratedOperator(DecoratedOperator, PythonOperator):
+class _QuotaDecoratedOperator(QuotaTaskMixin, DecoratedOperator, PythonOperator):
     """A ``@task.quota`` task: a Python callable with the quota arguments of QuotaTrainingOperator."""
 
     template_fields: Sequence[str] = ("templates_dict", "op_args", "op_kwargs", "checkpoint_dir")
@@ -93,50 +91,22 @@ class _QuotaDecoratedOperator(DecoratedOperator, PythonOperator):
     ) -> None:
         if on_preempt not in ON_PREEMPT_VALUES:
             raise QuotaTaskArgumentError("on_preempt", f"{on_preempt!r} is not one of {', '.join(ON_PREEMPT_VALUES)}")
-        if checkpoint_dir is not None and not isinstance(checkpoint_dir, str):
-            raise QuotaTaskArgumentError("checkpoint_dir", f"{checkpoint_dir!r} is not a path string or None")
+        quota_args = {"quota": quota, "gpus": gpus, "priority": priority, "max_preemptions": max_preemptions,
+                      "grace_period": grace_period, "preemptible": preemptible}  # fmt: skip
         kwargs_to_upstream = {"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs}
         super().__init__(
             kwargs_to_upstream=kwargs_to_upstream,
             python_callable=python_callable,
             op_args=op_args,
             op_kwargs=op_kwargs,
-            **quota_operator_kwargs(
-                quota=quota,
-                gpus=gpus,
-                priority=priority,
-                preemptible=preemptible,
-                max_preemptions=max_preemptions,
-                grace_period=grace_period,
-                executor=executor,
-                kwargs=kwargs,
-            ),
+            **quota_operator_kwargs(**quota_args, executor=executor, kwargs=kwargs),
         )
-        self.quota = quota
-        self.gpus = gpus
-        self.priority = priority
-        self.checkpoint_dir = checkpoint_dir
-        self.max_preemptions = max_preemptions
-        self.grace_period = _grace_seconds(grace_period)
-        self.preemptible = preemptible
+        self._set_quota_args(checkpoint_dir=checkpoint_dir, **quota_args)
         self.on_preempt = on_preempt
 
     def execute(self, context: Context) -> Any:
         global _current
-        checkpoint_dir = Path(self.checkpoint_dir) if self.checkpoint_dir else _default_checkpoint_dir(context)
-        run = QuotaRun.prepare(checkpoint_dir=checkpoint_dir, grace_period_s=self.grace_period)
-        if run.poll_preemption() is not None:
-            self.log.warning("Preempted before the callable started")
-            raise run.preemption_outcome(self.log)
-        self.log.info(
-            "Quota %s, %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), priority %d; checkpoints in %s; resume from %s",
-            self.quota,
-            self.gpus,
-            run.cuda_visible_devices,
-            self.priority,
-            run.checkpoint_dir,
-            run.resume_from or "(nothing: fresh start)",
-        )
+        run = self._start_run(context, "callable")
         context_merge(context, {"quota": run})
         _current = run
         try:

@@ -327,13 +327,16 @@ class QuotaRun:
     def prepare(cls, *, checkpoint_dir: Path, grace_period_s: float | None) -> QuotaRun:
         """Read the executor's environment and the checkpoint directory (created if missing)."""
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        env_grace = _epoch_seconds(os.environ.get(ENV_GRACE_PERIOD_S) or None)
+        try:
+            env_grace = float(os.environ.get(ENV_GRACE_PERIOD_S) or "nan")
+        except ValueError:
+            env_grace = float("nan")
         count = os.environ.get(ENV_PREEMPTION_COUNT, "0")
         return cls(
             checkpoint_dir=checkpoint_dir,
             resume_from=latest_checkpoint(checkpoint_dir),
             preemption_count=int(count) if count.isdigit() else 0,
-            grace_period_s=env_grace if env_grace and env_grace > 0 else (grace_period_s or DEFAULT_GRACE_PERIOD_S),
+            grace_period_s=env_grace if env_grace > 0 else (grace_period_s or DEFAULT_GRACE_PERIOD_S),
             preempt_file=Path(os.environ[ENV_PREEMPT_FILE]) if os.environ.get(ENV_PREEMPT_FILE) else None,
             cuda_visible_devices=os.environ.get(ENV_CUDA_VISIBLE_DEVICES),
             job_id=os.environ.get(ENV_JOB_ID),
@@ -400,7 +403,50 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-class QuotaTrainingOperator(BaseOperator):
+class QuotaTaskMixin:
+    """The quota arguments and the start of a run, shared by QuotaTrainingOperator and ``@task.quota``."""
+
+    def _set_quota_args(
+        self,
+        *,
+        quota: str,
+        gpus: int,
+        priority: int,
+        checkpoint_dir: str | None,
+        max_preemptions: int | None,
+        grace_period: float | timedelta | None,
+        preemptible: bool,
+    ) -> None:
+        if checkpoint_dir is not None and not isinstance(checkpoint_dir, str):
+            raise QuotaTaskArgumentError("checkpoint_dir", f"{checkpoint_dir!r} is not a path string or None")
+        self.quota = quota
+        self.gpus = gpus
+        self.priority = priority
+        self.checkpoint_dir = checkpoint_dir
+        self.max_preemptions = max_preemptions
+        self.grace_period = _grace_seconds(grace_period)
+        self.preemptible = preemptible
+
+    def _start_run(self, context: Context, what: str) -> QuotaRun:
+        """Read the executor's environment; a notice that is already there ends the run at once."""
+        checkpoint_dir = Path(self.checkpoint_dir) if self.checkpoint_dir else _default_checkpoint_dir(context)
+        run = QuotaRun.prepare(checkpoint_dir=checkpoint_dir, grace_period_s=self.grace_period)
+        if run.poll_preemption() is not None:
+            self.log.warning("Preempted before the %s started", what)
+            raise run.preemption_outcome(self.log)
+        self.log.info(
+            "Quota %s, %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), priority %d; checkpoints in %s; resume from %s",
+            self.quota,
+            self.gpus,
+            run.cuda_visible_devices,
+            self.priority,
+            run.checkpoint_dir,
+            run.resume_from or "(nothing: fresh start)",
+        )
+        return run
+
+
+class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
     """
     Run a (training) command on a shared GPU quota; a preemption becomes a reschedule, not a failure.
 
@@ -453,30 +499,13 @@ class QuotaTrainingOperator(BaseOperator):
             isinstance(command, Sequence) and command and all(isinstance(a, str) for a in command)
         ):
             raise QuotaTaskArgumentError("command", f"{command!r} is not a string or a non-empty list of strings")
-        if checkpoint_dir is not None and not isinstance(checkpoint_dir, str):
-            raise QuotaTaskArgumentError("checkpoint_dir", f"{checkpoint_dir!r} is not a path string or None")
         if env is not None and not isinstance(env, Mapping):
             raise QuotaTaskArgumentError("env", f"{env!r} is not a dict of strings or None")
-        super().__init__(
-            **quota_operator_kwargs(
-                quota=quota,
-                gpus=gpus,
-                priority=priority,
-                preemptible=preemptible,
-                max_preemptions=max_preemptions,
-                grace_period=grace_period,
-                executor=executor,
-                kwargs=kwargs,
-            )
-        )
+        quota_args = {"quota": quota, "gpus": gpus, "priority": priority, "max_preemptions": max_preemptions,
+                      "grace_period": grace_period, "preemptible": preemptible}  # fmt: skip
+        super().__init__(**quota_operator_kwargs(**quota_args, executor=executor, kwargs=kwargs))
+        self._set_quota_args(checkpoint_dir=checkpoint_dir, **quota_args)
         self.command = command
-        self.quota = quota
-        self.gpus = gpus
-        self.priority = priority
-        self.checkpoint_dir = checkpoint_dir
-        self.max_preemptions = max_preemptions
-        self.grace_period = _grace_seconds(grace_period)
-        self.preemptible = preemptible
         self.env = env
         self.cwd = cwd
         self._process: subprocess.Popen | None = None
@@ -491,20 +520,7 @@ class QuotaTrainingOperator(BaseOperator):
     # -- execution ------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> str | None:
-        checkpoint_dir = Path(self.checkpoint_dir) if self.checkpoint_dir else _default_checkpoint_dir(context)
-        run = QuotaRun.prepare(checkpoint_dir=checkpoint_dir, grace_period_s=self.grace_period)
-        if run.poll_preemption() is not None:
-            self.log.warning("Preempted before the command started")
-            raise run.preemption_outcome(self.log)
-        self.log.info(
-            "Quota %s, %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), priority %d; checkpoints in %s; resume from %s",
-            self.quota,
-            self.gpus,
-            run.cuda_visible_devices,
-            self.priority,
-            run.checkpoint_dir,
-            run.resume_from or "(nothing: fresh start)",
-        )
+        run = self._start_run(context, "command")
         returncode, preempted = self._run_command(run)
         if preempted:
             raise run.preemption_outcome(self.log)
