@@ -141,3 +141,15 @@ def shared_server(request: pytest.FixtureRequest) -> QuotaApiServer:
         wait_for(instance._api_up, "the api-server", timeout=150, on_timeout=lambda: instance.tail("api-server"))
         _shared["server"] = QuotaApiServer(instance)
     return _shared["server"]
+
+
+async def first_event_after(trigger, while_waiting, *, idle_s: float = 1.0):
+    """Run ``trigger`` for ``idle_s`` seconds (several polls), check that it has not fired, call
+    ``while_waiting()`` (in a thread), and return the trigger's first event."""
+    import asyncio
+
+    pending = asyncio.ensure_future(trigger.run().__anext__())
+    await asyncio.sleep(idle_s)
+    assert not pending.done(), f"fired early: {pending.result() if pending.done() else ''}"
+    await asyncio.to_thread(while_waiting)
+    return await asyncio.wait_for(pending, 60)
