@@ -526,6 +526,8 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
             raise run.preemption_outcome(self.log)
         if self._kill_requested:
             raise AirflowException(f"Command was terminated (task killed; exit code {returncode})")
+        if returncode < 0:
+            raise AirflowException(f"Command was killed by signal {-returncode} ({signal.Signals(-returncode).name})")
         if returncode != 0:
             raise AirflowException(f"Command exited with code {returncode}")
         latest = latest_checkpoint(run.checkpoint_dir)
@@ -552,12 +554,13 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
             while True:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     returncode = self._process.wait(timeout=POLL_INTERVAL_S)
-                    return returncode, False
-                if run.poll_preemption() is not None or self._kill_requested:
                     break
-            returncode = self._stop(run)
-            # An executor may write the notice and then send SIGTERM: look again after on_kill.
-            return returncode, run.poll_preemption() is not None
+                if run.poll_preemption() is not None or self._kill_requested:
+                    returncode = self._stop(run)
+                    break
+            # Stopped by us (poll or on_kill): an executor may write the notice and then send SIGTERM,
+            # so a notice present now makes it a preemption. A command that ended on its own is not.
+            return returncode, self._sigterm_sent and run.poll_preemption() is not None
         finally:
             if self._process.poll() is None:  # an exception escaped the loop
                 self._signal_group(signal.SIGKILL)

@@ -277,6 +277,22 @@ def test_kill_without_a_notice_stops_the_command_and_fails(airflow_home, tmp_pat
     assert "Command was terminated (task killed" in run.output()
 
 
+def test_sigterm_after_the_notice_is_a_preemption_even_if_the_command_exits_zero(airflow_home, tmp_path):
+    """An executor may write the notice and then SIGTERM the task process: that is a reschedule."""
+    marker, preempt = tmp_path / "started", tmp_path / "preempt.json"
+    command = f"if [ -e {marker} ]; then exit 0; fi; trap 'exit 0' TERM; touch {marker}; sleep 120 & wait"
+    _bash_dag(airflow_home, "notice_then_sigterm", command, grace_period=30)
+    run = airflow_home.start_dag_test("notice_then_sigterm", {"QUOTA_PREEMPT_FILE": str(preempt)})
+    wait_for(marker.exists, "the command to start", run=run)
+    write_preempt_file(preempt, reason="reclaim", preemptor="j3", deadline=time.time() + 30)
+    os.kill(run.proc.pid, signal.SIGTERM)
+    result = run.wait()
+    assert [(a["state"], a["try_number"]) for a in result["attempts"]] == [
+        ("up_for_reschedule", 1),
+        ("success", 1),
+    ]
+
+
 def test_mapped_operator_knows_its_quota_pool_and_gpus_before_unmapping():
     """The scheduler and the executor read a mapped task's pool and executor_config before unmapping."""
     from airflow.sdk import DAG
