@@ -89,8 +89,7 @@ class _QuotaDecoratedOperator(QuotaTaskMixin, DecoratedOperator, PythonOperator)
         executor: str | None = DEFAULT_EXECUTOR,
         **kwargs: Any,
     ) -> None:
-        if on_preempt not in ON_PREEMPT_VALUES:
-            raise QuotaTaskArgumentError("on_preempt", f"{on_preempt!r} is not one of {', '.join(ON_PREEMPT_VALUES)}")
+        _check_on_preempt(on_preempt)
         quota_args = {"quota": quota, "gpus": gpus, "priority": priority, "max_preemptions": max_preemptions,
                       "grace_period": grace_period, "preemptible": preemptible}  # fmt: skip
         kwargs_to_upstream = {"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs}
@@ -123,6 +122,11 @@ class _QuotaDecoratedOperator(QuotaTaskMixin, DecoratedOperator, PythonOperator)
         if run.notice is not None:
             raise run.preemption_outcome(self.log)
         return result
+
+
+def _check_on_preempt(value: Any) -> None:
+    if value not in ON_PREEMPT_VALUES:
+        raise QuotaTaskArgumentError("on_preempt", f"{value!r} is not one of {', '.join(ON_PREEMPT_VALUES)}")
 
 
 @contextlib.contextmanager
@@ -210,6 +214,7 @@ def quota_task(python_callable: Callable | None = None, **kwargs: Any) -> TaskDe
     except ``command``/``env``/``cwd``, plus ``on_preempt`` (``"raise"`` or ``"flag"``), and the usual
     ``BaseOperator`` arguments.
     """
+    _check_on_preempt(kwargs.get("on_preempt", "raise"))
     return task_decorator_factory(
         python_callable=python_callable,
         decorated_operator_class=_QuotaDecoratedOperator,
