@@ -190,6 +190,12 @@ def _job_response(job: QuotaJob, quota_file: QuotaFile | None, counts: dict[tupl
     )
 
 
+def _paged(query, order, *, limit: int, offset: int, session: Session) -> tuple[int, Sequence]:
+    """(rows matching ``query`` on all pages, the rows of this page in ``order``)."""
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    return total, session.scalars(query.order_by(*order).limit(limit).offset(offset)).all()
+
+
 def parse_states(states: Sequence[str] | None) -> list[str] | None:
     """``state`` query values (repeatable, or comma-separated) checked against the job states."""
     if not states:
@@ -216,8 +222,7 @@ def jobs(
     wanted = parse_states(states)
     if wanted:
         query = query.where(QuotaJob.state.in_(wanted))
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(QuotaJob.submitted_at, QuotaJob.id).limit(limit).offset(offset)).all()
+    total, rows = _paged(query, (QuotaJob.submitted_at, QuotaJob.id), limit=limit, offset=offset, session=session)
     counts = _preemption_counts(rows, session=session)
     return JobCollectionResponse(
         jobs=[_job_response(j, quota_file, counts, session=session) for j in rows], total_entries=total
@@ -277,8 +282,7 @@ def events(
         if not job_id.isdigit():
             raise BadRequest(f"job_id: {job_id!r} is not a job id (a positive integer)")
         query = query.where(QuotaEvent.job_id == int(job_id))
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(QuotaEvent.id.desc()).limit(limit).offset(offset)).all()
+    total, rows = _paged(query, (QuotaEvent.id.desc(),), limit=limit, offset=offset, session=session)
     return EventCollectionResponse(events=[_event_response(e) for e in rows], total_entries=total)
 
 

@@ -57,7 +57,7 @@ def test_quota_page_in_the_airflow_ui_shows_quotas_bars_pending_reasons_and_pree
     _log_in(browser, server, "viewer")
     wait = WebDriverWait(browser, 60)
 
-    browser.find_element(By.XPATH, "//*[normalize-space(text())='Browse']").click()
+    wait.until(ec.element_to_be_clickable((By.XPATH, "//*[normalize-space(text())='Browse']"))).click()
     wait.until(ec.element_to_be_clickable((By.XPATH, "//*[normalize-space(text())='GPU quotas']"))).click()
     frame = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "iframe[src$='/quota/ui/']")))
     assert "/plugin/gpu-quotas" in browser.current_url
