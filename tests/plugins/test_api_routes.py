@@ -181,3 +181,35 @@ def test_bad_patch_requests(server, jobs, path, payload, code):
     path = path or f"/quota/api/jobs/{jobs['team_a_pending_behind']}"
     status, body = server.request("PATCH", path, payload, user="op")
     assert status == code, body
+
+
+def test_the_cli_and_the_api_change_priorities_through_the_same_function(server):
+    ids = server.seed(
+        {"case": "cli_priority_same_path", "quota": "team-a", "priority": 20},
+    )
+    job_id = ids["cli_priority_same_path"]
+    server.instance.airflow("quota", "set-priority", "quota_cases", "seeded", "cli_priority_same_path", "60")
+    refused = server.instance.airflow(
+        "quota", "set-priority", "quota_cases", "seeded", "cli_priority_same_path", "101", check=False
+    )
+    status, api_refusal = server.request("PATCH", f"/quota/api/jobs/{job_id}", {"priority": 101}, user="op")
+
+    assert _priority(server, job_id) == 60
+    _, events = server.request("GET", f"/quota/api/events?kind=priority_changed&job_id={job_id}", user="viewer")
+    assert [e["message"] for e in events["events"]] == ["priority 20 -> 60"]
+    assert status == 400 and refused.returncode != 0
+    assert api_refusal["detail"] in refused.stderr + refused.stdout
+
+
+def test_an_unusable_quota_file_answers_503_naming_it(server, jobs):
+    path = server.instance.quota_path
+    good = path.read_text()
+    try:
+        path.write_text(good.replace("capacity: 8", "capacity: eight"))
+        status, body = server.request("GET", "/quota/api/quotas", user="viewer")
+        jobs_status, _ = server.request("GET", "/quota/api/jobs", user="viewer")
+    finally:
+        path.write_text(good)
+    assert status == 503
+    assert body["detail"].startswith(f"{path}: queues[0].capacity")
+    assert jobs_status == 200  # job rows are still shown
