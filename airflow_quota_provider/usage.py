@@ -71,7 +71,7 @@ def _waiting(job: QuotaJob) -> bool:
     return job.state == JobState.PENDING.value and bool(job.workload)
 
 
-def pending_jobs(quota_file: QuotaFile | None = None, *, session: Session) -> Sequence[QuotaJob]:
+def pending_jobs(*, session: Session) -> Sequence[QuotaJob]:
     """Waiting jobs by quota and position (the order of each quota's queue)."""
     jobs = [j for j in list_jobs(states=[JobState.PENDING], session=session) if _waiting(j)]
     return sorted(jobs, key=lambda j: (j.quota, j.pending_position or 1 << 30, j.submitted_at, j.id))
