@@ -21,7 +21,7 @@ from airflow_quota_provider.models.job import (
     QuotaEvent,
     QuotaJob,
     QuotaPreemptionCount,
-    devices_of,
+    allocated_devices,
     set_priority,
 )
 from airflow_quota_provider.plugins.datamodels import (
@@ -162,7 +162,18 @@ def _preemption_counts(jobs: Iterable[QuotaJob], *, session: Session) -> dict[tu
     return {(r.dag_id, r.run_id, r.task_id, r.map_index): r.count for r in rows}
 
 
-def _job_response(job: QuotaJob, quota_file: QuotaFile | None, counts: dict[tuple, int], *, session: Session) -> JobResponse:
+def _devices_by_job(*, session: Session) -> dict[int, list[str]]:
+    """Held devices per job id, in device order (one query for a whole page)."""
+    out: dict[int, list[str]] = {}
+    for device, job_id in allocated_devices(session=session).items():
+        out.setdefault(job_id, []).append(device)
+    return {job_id: sorted(devices, key=lambda d: (not d.isdigit(), int(d) if d.isdigit() else 0, d))
+            for job_id, devices in out.items()}
+
+
+def _job_response(
+    job: QuotaJob, quota_file: QuotaFile | None, counts: dict[tuple, int], devices: dict[int, list[str]]
+) -> JobResponse:
     return JobResponse(
         id=job.job_id,
         dag_id=job.dag_id,
@@ -174,7 +185,7 @@ def _job_response(job: QuotaJob, quota_file: QuotaFile | None, counts: dict[tupl
         quota=job.quota,
         queue=job.queue_name or _queue_name(quota_file, job.quota),
         gpus=job.gpus,
-        devices=devices_of(job.id, session=session),
+        devices=devices.get(job.id, []),
         priority=job.priority,
         preemptible=job.preemptible,
         preemptions=counts.get((job.dag_id, job.run_id, job.task_id, job.map_index), 0),
@@ -224,8 +235,9 @@ def jobs(
         query = query.where(QuotaJob.state.in_(wanted))
     total, rows = _paged(query, (QuotaJob.submitted_at, QuotaJob.id), limit=limit, offset=offset, session=session)
     counts = _preemption_counts(rows, session=session)
+    devices = _devices_by_job(session=session)
     return JobCollectionResponse(
-        jobs=[_job_response(j, quota_file, counts, session=session) for j in rows], total_entries=total
+        jobs=[_job_response(j, quota_file, counts, devices) for j in rows], total_entries=total
     )
 
 
@@ -256,7 +268,7 @@ def change_priority(job_id: str, priority: int, quota_file: QuotaFile, *, sessio
     if changed.id != job.id:  # an older try of the task instance: the active job is a newer one
         raise Conflict(f"job {job.job_id} is superseded by job {changed.job_id} of the same task instance")
     counts = _preemption_counts([job], session=session)
-    return _job_response(job, quota_file, counts, session=session)
+    return _job_response(job, quota_file, counts, _devices_by_job(session=session))
 
 
 # ------------------------------------------------------------------------------------------ events
