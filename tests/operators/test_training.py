@@ -27,6 +27,7 @@ from tests.operators.quota_airflow import (  # first: it keeps Airflow away from
 from airflow_quota_provider.operators.training import (
     EXECUTOR_CONFIG_KEY,
     PreemptionNotice,
+    QuotaRun,
     QuotaTaskArgumentError,
     QuotaTrainingOperator,
     latest_checkpoint,
@@ -124,6 +125,26 @@ def test_preemption_notice_accepts_epoch_iso_and_half_written_files(tmp_path):
     path.write_text(json.dumps({"reason": "reclaim", "fail": True, "message": "max_preemptions=2 reached"}))
     notice = PreemptionNotice.read(path)
     assert (notice.fail, notice.message) == (True, "max_preemptions=2 reached")
+
+
+@pytest.mark.parametrize(
+    ("env_grace", "task_grace", "deadline_in", "expected"),
+    [
+        pytest.param("45", 10.0, None, 45.0, id="executor's grace period wins over the task's"),
+        pytest.param("", 10.0, None, 10.0, id="task's grace period without the executor's"),
+        pytest.param("", None, None, 120.0, id="default grace period"),
+        pytest.param("45", 10.0, 20.0, 19.0, id="deadline caps the grace period, less a margin"),
+    ],
+)
+def test_stop_time_follows_grace_period_and_deadline(monkeypatch, tmp_path, env_grace, task_grace, deadline_in, expected):
+    monkeypatch.setenv("QUOTA_GRACE_PERIOD_S", env_grace)
+    monkeypatch.setenv("QUOTA_PREEMPT_FILE", str(tmp_path / "preempt.json"))
+    run = QuotaRun.prepare(checkpoint_dir=tmp_path / "ckpt", grace_period_s=task_grace)
+    now = 1_000_000.0
+    if deadline_in is not None:
+        (tmp_path / "preempt.json").write_text(json.dumps({"reason": "reclaim", "deadline": now + deadline_in}))
+        assert run.preempt_requested
+    assert run.stop_at(now) - now == pytest.approx(expected)
 
 
 # ---------------------------------------------------------------------------------------------
