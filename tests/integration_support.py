@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -41,6 +42,20 @@ def provider_shim(root: Path) -> Path:
         "[apache_airflow_provider]\nprovider_info = airflow_quota_provider.get_provider_info:get_provider_info\n"
     )
     return root
+
+
+def free_port(first: int, last: int, *, also: int = 0) -> int:
+    """A port in [first, last] that is free now (and ``port + also`` too, when ``also``)."""
+    for port in range(first, last + 1):
+        wanted = [port] + ([port + also] if also else [])
+        try:
+            for p in wanted:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no free port in {first}-{last}")
 
 
 def wait_for(predicate, what: str, timeout: float = 120.0, interval: float = 1.0, on_timeout=None):
@@ -100,12 +115,14 @@ class AirflowInstance:
             "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": "5",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(port + 50),
             "AIRFLOW__QUOTA__QUOTA_FILE": str(self.quota_path),
             "QUOTA_TEST_RECORDS": str(self.records),
             "PYTHONUNBUFFERED": "1",
             **(extra_env or {}),
         }
         self.procs: dict[str, subprocess.Popen] = {}
+        self._orphan_groups: list[int] = []
 
     # ----------------------------------------------------------------------------- processes
 
@@ -152,8 +169,12 @@ class AirflowInstance:
         proc = self.procs.pop("scheduler")
         proc.send_signal(sig)
         proc.wait(timeout=60)
+        self._orphan_groups.append(proc.pid)  # its log server lives on, as after a real crash
 
     def _api_up(self) -> bool:
+        api = self.procs.get("api-server")
+        if api is not None and api.poll() is not None:
+            raise AssertionError(f"the api-server exited ({api.returncode}):\n{self.tail('api-server')}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v2/monitor/health", timeout=5):
                 return True
@@ -179,7 +200,7 @@ class AirflowInstance:
             except subprocess.TimeoutExpired:
                 _kill_group(proc.pid, signal.SIGKILL)
                 proc.wait()
-        for pid in self.task_pids():
+        for pid in self.task_pids() + self._orphan_groups:
             _kill_group(pid, signal.SIGKILL)
         self.procs.clear()
 

@@ -6,7 +6,7 @@ to :data:`QUOTA_COMMANDS`.
 
 from __future__ import annotations
 
-from airflow.cli.cli_config import ActionCommand, Arg, GroupCommand, lazy_load_command
+from airflow.cli.cli_config import ARG_VERBOSE, ActionCommand, Arg, GroupCommand, lazy_load_command
 
 ARG_OUTPUT = Arg(
     ("-o", "--output"),
@@ -26,25 +26,25 @@ QUOTA_COMMANDS: list[ActionCommand] = [
         name="status",
         help="Per job queue and quota: capacity, GPUs in use, borrowed, lent, free, waiting jobs",
         func=lazy_load_command("airflow_quota_provider.cli.quota_command.status"),
-        args=(ARG_OUTPUT,),
+        args=(ARG_OUTPUT, ARG_VERBOSE),
     ),
     ActionCommand(
         name="jobs",
         help="List jobs with their state, devices, priority and pending reason",
         func=lazy_load_command("airflow_quota_provider.cli.quota_command.jobs"),
-        args=(ARG_OUTPUT, ARG_ALL),
+        args=(ARG_OUTPUT, ARG_ALL, ARG_VERBOSE),
     ),
     ActionCommand(
         name="set-priority",
         help="Change the priority of a waiting or running task; the next scheduling cycle uses it",
         func=lazy_load_command("airflow_quota_provider.cli.quota_command.set_priority"),
-        args=(ARG_DAG_ID, ARG_RUN_ID, ARG_TASK_ID, ARG_PRIORITY, ARG_MAP_INDEX),
+        args=(ARG_DAG_ID, ARG_RUN_ID, ARG_TASK_ID, ARG_PRIORITY, ARG_MAP_INDEX, ARG_VERBOSE),
     ),
     ActionCommand(
         name="explain",
         help="Why a task waits: its pending reason, position in its quota's queue, and history",
         func=lazy_load_command("airflow_quota_provider.cli.quota_command.explain"),
-        args=(ARG_DAG_ID, ARG_RUN_ID, ARG_TASK_ID, ARG_MAP_INDEX, ARG_OUTPUT),
+        args=(ARG_DAG_ID, ARG_RUN_ID, ARG_TASK_ID, ARG_MAP_INDEX, ARG_OUTPUT, ARG_VERBOSE),
     ),
 ]
 

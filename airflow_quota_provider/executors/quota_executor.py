@@ -148,14 +148,18 @@ class QuotaExecutor(BaseExecutor):
         self._quota_path = ""
         self._quota_mtime: float | None = None
         self._last_keepalive = 0.0
+        self._device_source = ""
+        self._load_startup_config()
 
-    # ---------------------------------------------------------------------------------- lifecycle
+    def _load_startup_config(self) -> None:
+        """Read the devices and the quota file; a bad one stops the scheduler before it starts.
 
-    def start(self) -> None:
-        """Load the quota file and the devices; refuse to start when either is unusable."""
+        Only the scheduler instantiates executors, so this refuses exactly the scheduler, with the
+        error (naming the field) as its exit message and exit code 1, before anything is started.
+        """
         self._quota_path = conf.get("quota", "quota_file", fallback="")
         try:
-            self.devices, source = discover_devices(
+            self.devices, self._device_source = discover_devices(
                 conf.get("quota", "devices", fallback=""), conf.getint("quota", "virtual_gpus", fallback=8)
             )
             self.quota_file, self.queue_devices = load_config(self._quota_path, self.devices)
@@ -163,6 +167,12 @@ class QuotaExecutor(BaseExecutor):
             self.log.error("QuotaExecutor cannot start: %s", e)
             raise SystemExit(f"Error: QuotaExecutor cannot start: {e}") from None
         self._quota_mtime = self._mtime()
+
+    # ---------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Create the job directory and the quota pools (the config was checked in ``__init__``)."""
+        source = self._device_source
         state_dir = conf.get("quota", "state_dir", fallback="") or os.path.join(
             conf.get("core", "airflow_home", fallback=os.environ.get("AIRFLOW_HOME", ".")), "quota"
         )
@@ -232,19 +242,23 @@ class QuotaExecutor(BaseExecutor):
 
     def try_adopt_task_instances(self, tis: Sequence[TaskInstance]) -> Sequence[TaskInstance]:
         """Adopt every task instance that has a live job row; the tables hold all the state."""
-        not_adopted = []
-        with create_session() as session:
-            for ti in tis:
-                job = self._job_for_key(ti.key, session)
-                ok = job is not None and (
-                    job.state in (JobState.RUNNING.value, JobState.STOPPING.value)
-                    or (job.state == JobState.PENDING.value and job.workload)
-                )
-                if not ok:
-                    not_adopted.append(ti)
-                    continue
-                record_event(EventKind.ADOPTED, job=job, session=session, message=f"ti state {ti.state}")
-                self.running.add(ti.key)
+        from sqlalchemy.orm import object_session
+
+        not_adopted: list[TaskInstance] = []
+        session = object_session(tis[0]) if tis else None
+        if session is None:  # never close the scheduler's (scoped) session: it owns these TIs
+            return tis
+        for ti in tis:
+            job = self._job_for_key(ti.key, session)
+            ok = job is not None and (
+                job.state in (JobState.RUNNING.value, JobState.STOPPING.value)
+                or (job.state == JobState.PENDING.value and job.workload)
+            )
+            if not ok:
+                not_adopted.append(ti)
+                continue
+            record_event(EventKind.ADOPTED, job=job, session=session, message=f"ti state {ti.state}")
+            self.running.add(ti.key)
         return not_adopted
 
     # ------------------------------------------------------------------------------------- sync
@@ -255,11 +269,17 @@ class QuotaExecutor(BaseExecutor):
             return
         try:
             with create_session() as session:
-                self._reload_quota_file(session)
-                self._watch_processes(session)
-                self._enforce_deadlines(session)
-                self._schedule(session)
-                self._keep_queued_alive(session)
+                # Airflow's sessions do not autoflush: flush after each step so that the next
+                # step's queries see its changes.
+                for step in (
+                    self._reload_quota_file,
+                    self._watch_processes,
+                    self._enforce_deadlines,
+                    self._schedule,
+                    self._keep_queued_alive,
+                ):
+                    step(session)
+                    session.flush()
         except Exception:
             self.log.exception("QuotaExecutor cycle failed; it is retried on the next heartbeat")
 
@@ -615,6 +635,14 @@ class QuotaExecutor(BaseExecutor):
 
     def _admit(self, job: QuotaJob, queue, in_use: dict[str, int], now: float, session: Session) -> bool:
         """Give an admitted job its devices (lowest free indexes of its queue) and mark it running."""
+        ti_state = self._ti_state(job, session)
+        if ti_state != TaskInstanceState.QUEUED:  # cleared or marked by a person while it waited
+            job.state, job.finished_at = JobState.FINISHED.value, now
+            job.message = f"dropped: its task instance is {ti_state or 'none'}, no longer queued"
+            job.pending_reason = job.pending_position = None
+            record_event(EventKind.FINISHED, job=job, session=session, message=job.message)
+            self.running.discard(_key(job))
+            return False
         held = allocated_devices(session=session)
         free = [d for d in self.queue_devices.get(queue.name, []) if d not in held]
         if len(free) < job.gpus:

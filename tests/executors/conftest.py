@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration_support import AirflowInstance
+from tests.integration_support import AirflowInstance, free_port
 
 DAGS = Path(__file__).parent / "dags"
 
@@ -50,7 +50,7 @@ QUEUED_TIMEOUT_S = 8
 def airflow(tmp_path_factory) -> AirflowInstance:
     instance = AirflowInstance(
         tmp_path_factory.mktemp("airflow-quota"),
-        port=18011,
+        port=free_port(18010, 18039, also=50),
         quota_file=QUOTAS,
         dags_folder=DAGS,
         extra_env={

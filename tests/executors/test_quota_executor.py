@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+import signal
+import time
 
+from tests.executors.conftest import QUEUED_TIMEOUT_S
 from tests.integration_support import wait_for
 
 
@@ -48,3 +51,142 @@ def test_borrow_then_reclaim_resumes_without_using_a_retry(airflow):
     for e in airflow.events("preempted", dag_id="borrow_b"):
         stopped = [s for s in airflow.events("stopped", dag_id="borrow_b") if s["job_id"] == e["job_id"]]
         assert stopped and stopped[0]["at"] - e["at"] <= 6 + 5, (dict(e), [dict(s) for s in stopped])
+
+
+def _task_starts(airflow, dag_id: str, task_id: str) -> list[dict]:
+    return [r for r in airflow.task_records() if r.get("dag_id") == dag_id and r.get("task_id") == task_id
+            and r["event"] == "start"]
+
+
+def test_within_quota_priority_preempts_a_plain_task_through_the_fallback_path(airflow):
+    airflow.wait_dag("prio_high")
+    run_low = airflow.trigger("prio_low")
+    wait_for(lambda: _task_starts(airflow, "prio_low", "low"), "the low-priority task to start",
+             on_timeout=lambda: airflow.tail("scheduler"))
+    run_high = airflow.trigger("prio_high")
+    assert airflow.wait_run("prio_high", run_high) == "success"
+    assert airflow.wait_run("prio_low", run_low) == "success"
+
+    preempted = airflow.events("preempted", dag_id="prio_low")
+    assert [(e["reason"], e["task_id"]) for e in preempted] == [("within_quota", "low")]
+    # The plain task ignored the preempt file; past its grace period it was stopped by Airflow and
+    # ran again later, on the same try.
+    starts = _task_starts(airflow, "prio_low", "low")
+    assert len(starts) == 2 and [s["try_number"] for s in starts] == [1, 1]
+    assert starts[1]["preemptions"] == "1"
+    high = _task_starts(airflow, "prio_high", "high")[0]
+    assert starts[0]["t"] < high["t"] < starts[1]["t"]
+    ti = airflow.tis("prio_low", run_low)["low"]
+    assert (ti["state"], ti["try_number"]) == ("success", 1)
+
+
+def test_set_priority_on_a_waiting_task_changes_which_runs_next(airflow):
+    airflow.wait_dag("set_waiters")
+    airflow.trigger("set_block")
+    wait_for(lambda: _task_starts(airflow, "set_block", "block"), "the blocking task to start")
+    run = airflow.trigger("set_waiters")
+    wait_for(
+        lambda: len(airflow.sql("SELECT 1 FROM quota_job WHERE dag_id='set_waiters' AND state='pending' "
+                                "AND pending_position IS NOT NULL")) == 2,
+        "both waiters to be pending",
+    )
+    explained = airflow.airflow("quota", "explain", "set_waiters", run, "w2").stdout
+    assert "position 2" in explained, explained
+    out = airflow.airflow("quota", "set-priority", "set_waiters", run, "w2", "100").stdout
+    assert "set to 100" in out
+    jobs = json.loads(airflow.airflow("quota", "jobs", "--output", "json").stdout)
+    w2 = next(j for j in jobs if j["dag_id"] == "set_waiters" and j["task_id"] == "w2")
+    assert w2["priority"] == 100
+    assert airflow.wait_run("set_waiters", run) == "success"
+    admitted = [e["task_id"] for e in airflow.events("admitted", dag_id="set_waiters")]
+    assert admitted == ["w2", "w1"]
+    assert len(airflow.events("priority_changed", dag_id="set_waiters")) == 1
+
+
+def test_max_preemptions_reached_fails_the_task_naming_the_limit(airflow):
+    airflow.wait_dag("limit_preemptor")
+    run_victim = airflow.trigger("limit_victim")
+    wait_for(lambda: [r for r in airflow.task_records() if r.get("name") == "victim"], "the victim to start")
+    run_pre = airflow.trigger("limit_preemptor")
+    assert airflow.wait_run("limit_preemptor", run_pre) == "success"
+    assert airflow.wait_run("limit_victim", run_victim) == "failed"
+    ti = airflow.tis("limit_victim", run_victim)["victim"]
+    assert ti["state"] == "failed" and ti["try_number"] == 1
+    limit = airflow.events("preemption_limit_reached", dag_id="limit_victim")
+    assert len(limit) == 1 and "max_preemptions is 0" in limit[0]["message"]
+    logged = airflow.sql("SELECT extra FROM log WHERE dag_id='limit_victim' AND event='quota failed'")
+    assert logged and "max_preemptions is 0" in logged[0]["extra"]
+
+
+def test_jobs_that_can_never_run_fail_with_a_clear_message_while_others_run(airflow):
+    run = airflow.trigger("reject")
+    assert airflow.wait_run("reject", run) == "failed"
+    tis = airflow.tis("reject", run)
+    assert tis["fits"]["state"] == "success"
+    assert tis["unknown_quota"]["state"] == "failed" and tis["too_many_gpus"]["state"] == "failed"
+    messages = {r["task_id"]: r["extra"] for r in airflow.sql(
+        "SELECT task_id, extra FROM log WHERE dag_id='reject' AND event='quota failed'")}
+    assert "'no-such-team' is not one of" in messages["unknown_quota"] and "team-a" in messages["unknown_quota"]
+    assert "5 GPUs" in messages["too_many_gpus"] and "team-r" in messages["too_many_gpus"]
+
+
+def test_a_job_waiting_longer_than_task_queued_timeout_still_runs(airflow):
+    run = airflow.trigger("queued_timeout")
+    assert airflow.wait_run("queued_timeout", run) == "success"
+    submitted = airflow.events("submitted", dag_id="queued_timeout")
+    admitted = airflow.events("admitted", dag_id="queued_timeout")
+    first_submit = min(e["at"] for e in submitted if e["task_id"] == "waiter")
+    waiter_admit = next(e["at"] for e in admitted if e["task_id"] == "waiter")
+    assert waiter_admit - first_submit > QUEUED_TIMEOUT_S
+    ti = airflow.tis("queued_timeout", run)["waiter"]
+    assert (ti["state"], ti["try_number"]) == ("success", 1)
+
+
+def test_a_bad_quota_file_edit_keeps_the_last_good_configuration(airflow):
+    good = airflow.quota_path.read_text()
+    airflow.quota_path.write_text(good.replace("capacity: 4\n", "capacity: four\n", 1))
+    try:
+        rejected = wait_for(lambda: airflow.events("config_rejected"), "the edit to be rejected")
+        assert "queues[0].capacity" in rejected[0]["message"]
+        assert "keeping the last good configuration" in airflow.tail("scheduler", 200000)
+        run = airflow.trigger("prio_high")  # team-p still exists: the old configuration is in force
+        assert airflow.wait_run("prio_high", run) == "success"
+    finally:
+        airflow.quota_path.write_text(good)
+    wait_for(lambda: airflow.events("config_loaded"), "the fixed file to be loaded")
+
+
+def test_scheduler_killed_and_restarted_loses_nothing(airflow):
+    counts_before = [tuple(r) for r in airflow.sql("SELECT * FROM quota_preemption_count ORDER BY dag_id, task_id")]
+    assert counts_before, "earlier tests preempted tasks"
+    run = airflow.trigger("survive_restart")
+    wait_for(lambda: len({r["name"] for r in airflow.task_records() if r.get("name", "").startswith("k")
+                          and r["event"] == "start"}) >= 2, "two tasks to run")
+    airflow.kill_scheduler(signal.SIGKILL)
+    time.sleep(2)
+    airflow.start_scheduler()
+    assert airflow.wait_run("survive_restart", run, timeout=300) == "success"
+    for task_id, ti in airflow.tis("survive_restart", run).items():
+        assert (ti["state"], ti["try_number"]) == ("success", 1), task_id
+    assert airflow.events("adopted", dag_id="survive_restart")
+    # Airflow sees the task succeed before the executor sees its process end and frees its devices.
+    wait_for(lambda: not airflow.sql("SELECT 1 FROM quota_job WHERE state IN ('pending','running','stopping')"),
+             "every job's process to be gone")
+    counts_after = [tuple(r) for r in airflow.sql("SELECT * FROM quota_preemption_count ORDER BY dag_id, task_id")]
+    assert counts_after == counts_before
+    _assert_no_device_held_twice(airflow.events())
+
+
+def _assert_no_device_held_twice(events) -> None:
+    """Replay the whole audit log: a device is admitted only while free, released only by its holder."""
+    holder: dict[str, int] = {}
+    for e in events:
+        devices = [d for d in (e["devices"] or "").split(",") if d]
+        if e["kind"] == "admitted":
+            for d in devices:
+                assert d not in holder, f"device {d} given to job {e['job_id']} while job {holder[d]} holds it"
+                holder[d] = e["job_id"]
+        elif e["kind"] == "released":
+            for d in devices:
+                assert holder.pop(d, None) == e["job_id"], f"device {d} released by job {e['job_id']}"
+    assert not holder, f"devices still held after every task finished: {holder}"
