@@ -13,7 +13,7 @@ import json
 
 import pendulum
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, Param, task
 
 with DAG(
     dag_id="quota_inference_eval",
@@ -23,15 +23,20 @@ with DAG(
     catchup=False,
     doc_md=__doc__,
     tags=["quota", "inference", "example"],
+    params={
+        "batches": Param(200, type="integer", minimum=1, description="batches per shard"),
+        "batch_sleep": Param(0.05, type="number", minimum=0, description="seconds per batch, to watch it"),
+    },
 ) as dag:
 
     @task.quota(quota="inference", gpus=1, priority=30, grace_period=20, max_preemptions=10)
-    def evaluate(shard: int, batches: int = 200, quota=None) -> dict:
-        """Score ``batches`` synthetic batches; progress survives preemption via the checkpoint."""
+    def evaluate(shard: int, params=None, quota=None) -> dict:
+        """Score ``params.batches`` synthetic batches; progress survives preemption via the checkpoint."""
         import time
 
         import torch
 
+        batches, batch_sleep = int(params["batches"]), float(params["batch_sleep"])
         state = {"batch": 0, "sum_sq_error": 0.0}
         if quota.resume_from:
             state = json.loads(quota.resume_from.read_text())
@@ -55,9 +60,9 @@ with DAG(
                 state["batch"] += 1
                 if state["batch"] % 20 == 0:
                     save()
-                time.sleep(0.05)
+                time.sleep(batch_sleep)
         finally:  # also on QuotaPreempted: keep what was scored
             save()
-        return {"shard": shard, "mse": state["sum_sq_error"] / batches}
+        return {"shard": shard, "mse": state["sum_sq_error"] / batches, "resumed": bool(quota.resume_from)}
 
     evaluate.expand(shard=[0, 1, 2, 3])

@@ -71,3 +71,21 @@ def test_example_story_borrows_then_reclaims(dagbag):
     assert finetune["pool"] == "team-a" and finetune["pool_slots"] <= quotas["team-a"].capacity
     assert finetune["priority_weight"] > max(t["priority_weight"] for t in sweep)
     assert finetune["executor_config"]["quota"]["preemptible"] is False
+
+
+def test_inference_example_runs_its_mapped_shards_with_a_checkpoint_dir_each(tmp_path_factory):
+    """A real run of the @task.quota example (fewer batches): four mapped shards, each unmapped into
+    a quota task with its own checkpoint directory."""
+    home = make_airflow_home(tmp_path_factory.mktemp("quota-example-run-home"))
+    source = (REPO / "dags" / "quota_inference_eval.py").read_text()
+    home.write_dag("quota_inference_eval", source)
+    run = home.start_dag_test(
+        "quota_inference_eval", {"DAG_TEST_RUN_CONF": json.dumps({"batches": 30, "batch_sleep": 0})}
+    )
+    result = run.wait()
+    assert result["dag_run_state"] == "success", run.output()[-4000:]
+    assert {k: v["state"] for k, v in result["final"].items()} == {f"evaluate[{i}]": "success" for i in range(4)}
+    shard_dirs = sorted((home.root / "quota" / "checkpoints" / "quota_inference_eval").glob("*/evaluate/*"))
+    assert [d.name for d in shard_dirs] == ["0", "1", "2", "3"]
+    for d in shard_dirs:
+        assert json.loads(sorted(d.glob("progress-*.json"))[-1].read_text())["batch"] == 30

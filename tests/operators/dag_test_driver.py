@@ -1,6 +1,6 @@
 """Run one DAG with ``dag.test()`` and report every task attempt (a subprocess of the tests).
 
-Usage: ``python dag_test_driver.py DAG_FILE DAG_ID RESULT_JSON``
+Usage: ``python dag_test_driver.py DAG_FILE DAG_ID RESULT_JSON`` (``DAG_TEST_RUN_CONF``: the run's conf, JSON)
 
 After each attempt of a task (``dag.test`` runs attempts through the Task SDK's in-process
 supervisor, one after another, re-running ``UP_FOR_RESCHEDULE`` tasks with the same
@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
+
+
+def _key(ti) -> str:
+    return ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"
 
 
 def main(dag_file: str, dag_id: str, result_path: str) -> int:
@@ -32,7 +37,8 @@ def main(dag_file: str, dag_id: str, result_path: str) -> int:
         finally:
             with create_session() as session:
                 row = session.get(TaskInstance, ti.id)
-                attempts.append({"task_id": row.task_id, "state": str(row.state), "try_number": row.try_number})
+                attempt = {"task_id": row.task_id, "state": str(row.state), "try_number": row.try_number}
+                attempts.append(attempt if row.map_index < 0 else {**attempt, "map_index": row.map_index})
 
     dag_module._run_task = observed_run_task
 
@@ -41,14 +47,14 @@ def main(dag_file: str, dag_id: str, result_path: str) -> int:
     spec.loader.exec_module(module)
     dag = next(v for v in vars(module).values() if getattr(v, "dag_id", None) == dag_id and hasattr(v, "test"))
 
-    dag_run = dag.test()
+    dag_run = dag.test(run_conf=json.loads(os.environ.get("DAG_TEST_RUN_CONF") or "null"))
     with create_session() as session:
         tis = session.scalars(
             select(TaskInstance).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == dag_run.run_id)
         ).all()
-        final = {ti.task_id: {"state": str(ti.state), "try_number": ti.try_number, "ti_id": str(ti.id)} for ti in tis}
+        final = {_key(ti): {"state": str(ti.state), "try_number": ti.try_number, "ti_id": str(ti.id)} for ti in tis}
         reschedules = {
-            ti.task_id: session.scalar(
+            _key(ti): session.scalar(
                 select(func.count()).select_from(TaskReschedule).where(TaskReschedule.ti_id == ti.id)
             )
             for ti in tis

@@ -314,6 +314,26 @@ def test_sigterm_after_the_notice_is_a_preemption_even_if_the_command_exits_zero
     ]
 
 
+def test_mapped_commands_run_as_quota_tasks_with_a_checkpoint_dir_per_map_index(airflow_home, tmp_path):
+    airflow_home.write_dag(
+        "mapped_commands",
+        f"""
+        from airflow.sdk import DAG
+        from airflow_quota_provider.operators.training import QuotaTrainingOperator
+
+        with DAG("mapped_commands", schedule=None) as dag:
+            QuotaTrainingOperator.partial(task_id="shard", quota="team-a", gpus=1, retries=0).expand(
+                command=[f'echo "$QUOTA_CHECKPOINT_DIR" > {tmp_path}/' + name for name in ("a", "b")]
+            )
+        """,
+    )
+    result = airflow_home.start_dag_test("mapped_commands").wait()
+    assert {k: v["state"] for k, v in result["final"].items()} == {"shard[0]": "success", "shard[1]": "success"}
+    dirs = [Path((tmp_path / name).read_text().strip()) for name in ("a", "b")]
+    assert [(d.parent.name, d.name) for d in dirs] == [("shard", "0"), ("shard", "1")]
+    assert all(d.is_dir() for d in dirs)
+
+
 def test_mapped_operator_knows_its_quota_pool_and_gpus_before_unmapping():
     """The scheduler and the executor read a mapped task's pool and executor_config before unmapping."""
     from airflow.sdk import DAG
