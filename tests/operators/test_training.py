@@ -240,12 +240,20 @@ with DAG("{dag_id}", schedule=None) as dag:
     )
 
 
-def test_command_that_ignores_sigterm_is_killed_after_grace_and_still_rescheduled(airflow_home, tmp_path):
+def _started_bash_task(airflow_home, tmp_path, dag_id: str, command: str, **operator_args):
+    """Run a one-task DAG whose bash ``command`` touches ``MARKER`` when it has started; return once it has.
+
+    A command that finds ``MARKER`` already there is a later attempt."""
     marker, preempt = tmp_path / "started", tmp_path / "preempt.json"
-    command = f"if [ -e {marker} ]; then echo resumed; exit 0; fi; touch {marker}; trap '' TERM; sleep 120"
-    _bash_dag(airflow_home, "ignores_sigterm", command, grace_period=1)
-    run = airflow_home.start_dag_test("ignores_sigterm", {"QUOTA_PREEMPT_FILE": str(preempt)})
+    _bash_dag(airflow_home, dag_id, command.replace("MARKER", str(marker)), **operator_args)
+    run = airflow_home.start_dag_test(dag_id, {"QUOTA_PREEMPT_FILE": str(preempt)})
     wait_for(marker.exists, "the command to start", run=run)
+    return run, preempt
+
+
+def test_command_that_ignores_sigterm_is_killed_after_grace_and_still_rescheduled(airflow_home, tmp_path):
+    command = "if [ -e MARKER ]; then echo resumed; exit 0; fi; touch MARKER; trap '' TERM; sleep 120"
+    run, preempt = _started_bash_task(airflow_home, tmp_path, "ignores_sigterm", command, grace_period=1)
     write_preempt_file(preempt, reason="within_quota", preemptor="j2", deadline=time.time() + 300)
     result = run.wait()
     assert [a["state"] for a in result["attempts"]] == ["up_for_reschedule", "success"]
@@ -268,11 +276,8 @@ def test_nonzero_exit_fails_with_the_exit_code_and_templated_env_renders(airflow
 
 
 def test_notice_past_the_preemption_limit_fails_the_task_with_its_message(airflow_home, tmp_path):
-    marker, preempt = tmp_path / "started", tmp_path / "preempt.json"
-    command = f"touch {marker}; trap 'echo saving; exit 143' TERM; sleep 120 & wait"
-    _bash_dag(airflow_home, "limit_reached", command, grace_period=30)
-    run = airflow_home.start_dag_test("limit_reached", {"QUOTA_PREEMPT_FILE": str(preempt)})
-    wait_for(marker.exists, "the command to start", run=run)
+    command = "touch MARKER; trap 'echo saving; exit 143' TERM; sleep 120 & wait"
+    run, preempt = _started_bash_task(airflow_home, tmp_path, "limit_reached", command, grace_period=30)
     notice = {"reason": "reclaim", "preemptor": "j5", "deadline": time.time() + 30, "fail": True,
               "message": "preempted 3 times: max_preemptions=3 reached"}
     preempt.write_text(json.dumps(notice))
@@ -286,25 +291,20 @@ def test_notice_past_the_preemption_limit_fails_the_task_with_its_message(airflo
 
 def test_kill_without_a_notice_stops_the_command_and_fails(airflow_home, tmp_path):
     """SIGTERM to the task process (on_kill) with no preempt file is an ordinary kill, not a preemption."""
-    marker, got_term = tmp_path / "started", tmp_path / "got-term"
-    command = f"trap 'touch {got_term}; exit 0' TERM; touch {marker}; sleep 120 & wait"
-    _bash_dag(airflow_home, "killed", command, grace_period=30)
-    run = airflow_home.start_dag_test("killed", {"QUOTA_PREEMPT_FILE": str(tmp_path / "never-written")})
-    wait_for(marker.exists, "the command to start", run=run)
+    got_term = tmp_path / "got-term"
+    command = f"trap 'touch {got_term}; exit 0' TERM; touch MARKER; sleep 120 & wait"
+    run, preempt = _started_bash_task(airflow_home, tmp_path, "killed", command, grace_period=30)
     os.kill(run.proc.pid, signal.SIGTERM)  # dag.test runs the task in the driver process
     result = run.wait()
-    assert got_term.exists()
+    assert got_term.exists() and not preempt.exists()
     assert result["attempts"] == [{"task_id": "job", "state": "failed", "try_number": 1}]
     assert "Command was terminated (task killed" in run.output()
 
 
 def test_sigterm_after_the_notice_is_a_preemption_even_if_the_command_exits_zero(airflow_home, tmp_path):
     """An executor may write the notice and then SIGTERM the task process: that is a reschedule."""
-    marker, preempt = tmp_path / "started", tmp_path / "preempt.json"
-    command = f"if [ -e {marker} ]; then exit 0; fi; trap 'exit 0' TERM; touch {marker}; sleep 120 & wait"
-    _bash_dag(airflow_home, "notice_then_sigterm", command, grace_period=30)
-    run = airflow_home.start_dag_test("notice_then_sigterm", {"QUOTA_PREEMPT_FILE": str(preempt)})
-    wait_for(marker.exists, "the command to start", run=run)
+    command = "if [ -e MARKER ]; then exit 0; fi; trap 'exit 0' TERM; touch MARKER; sleep 120 & wait"
+    run, preempt = _started_bash_task(airflow_home, tmp_path, "notice_then_sigterm", command, grace_period=30)
     write_preempt_file(preempt, reason="reclaim", preemptor="j3", deadline=time.time() + 30)
     os.kill(run.proc.pid, signal.SIGTERM)
     result = run.wait()
