@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from airflow.configuration import conf
 from airflow.utils.cli import suppress_logs_and_warning
 from airflow.utils.session import create_session
 from airflow_quota_provider.models.job import (
@@ -21,17 +20,12 @@ from airflow_quota_provider.models.job import (
 
 
 def _quota_file():
-    from airflow_quota_provider.policy import PolicyError, load_quota_file
+    from airflow_quota_provider.usage import QuotaFileUnavailable, configured_quota_file
 
-    path = conf.get("quota", "quota_file", fallback="")
-    if not path:
-        raise SystemExit("Error: [quota] quota_file is not set")
     try:
-        return load_quota_file(path)
-    except PolicyError as e:
-        raise SystemExit(f"Error: {path}: {e}")
-    except OSError as e:
-        raise SystemExit(f"Error: [quota] quota_file: cannot read {path}: {e.strerror}")
+        return configured_quota_file()
+    except QuotaFileUnavailable as e:
+        raise SystemExit(f"Error: {e}")
 
 
 def _print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
@@ -54,25 +48,16 @@ def _emit(rows: Any, output: str, columns: list[str]) -> None:
 @suppress_logs_and_warning
 def status(args) -> None:
     """Per quota: capacity, in use, borrowed, lent, free, pending jobs and GPUs (from the policy)."""
-    from airflow_quota_provider.executors.quota_executor import policy_job
-    from airflow_quota_provider.policy import State, summarize
+    from airflow_quota_provider.usage import quota_rows
 
     quota_file = _quota_file()
     rows = []
     with create_session() as session:
-        jobs = list_jobs(states=[JobState.PENDING, JobState.RUNNING, JobState.STOPPING], session=session)
-        for queue in quota_file.queues:
-            names = {q.name for q in queue.quotas}
-            mine = [j for j in jobs if j.quota in names]
-            running = [policy_job(j, 0) for j in mine if j.state != JobState.PENDING.value]
-            pending = [policy_job(j, 0) for j in mine if j.state == JobState.PENDING.value and j.workload]
-            usage = summarize(State.for_queue(queue, running, pending))
-            for quota in queue.quotas:
-                u = usage[quota.name]
-                row = {"queue": queue.name, "quota": quota.name, "sharing": quota.sharing}
-                row.update({k: getattr(u, k) for k in (
-                    "capacity", "in_use", "borrowed", "lent", "free", "pending_jobs", "pending_gpus")})
-                rows.append(row)
+        for r in quota_rows(quota_file, session=session):
+            row = {"queue": r.queue.name, "quota": r.quota.name, "sharing": r.quota.sharing}
+            row.update({k: getattr(r.usage, k) for k in (
+                "capacity", "in_use", "borrowed", "lent", "free", "pending_jobs", "pending_gpus")})
+            rows.append(row)
     _emit(rows, args.output, ["queue", "quota", "sharing", "capacity", "in_use", "borrowed", "lent", "free",
                               "pending_jobs", "pending_gpus"])
 

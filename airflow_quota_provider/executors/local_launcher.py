@@ -8,6 +8,7 @@ killed.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -97,9 +98,15 @@ class LocalLauncher:
             (job_dir / name).unlink(missing_ok=True)
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            _child_main(workload, job_dir, env)
+        # Like LocalExecutor: freeze the GC across the fork so that the child's collections do not
+        # touch (and copy) every page of the scheduler's heap.
+        gc.freeze()
+        try:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child
+                _child_main(workload, job_dir, env)
+        finally:
+            gc.unfreeze()
         self._children[pid] = -1
         (job_dir / PID_FILE).write_text(json.dumps({"pid": pid, "start": _proc_start_time(pid)}))
         return pid
