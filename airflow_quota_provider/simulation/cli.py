@@ -125,6 +125,11 @@ def run_from_args(args: argparse.Namespace) -> Run:
     jobs = load_trace(args.trace)
     jobs, class_names = assign_priorities(jobs, classes, args.seed)
     jobs = select_days(jobs, args.from_day, args.to_day)
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise InputError("--plot", "needs matplotlib (pip install 'airflow-quota-provider[simulation]')") from None
     for target, flag in ((args.json, "--json"), (args.plot, "--plot")):
         if target is not None and not Path(target).resolve().parent.is_dir():
             raise InputError(flag, f"directory of {target} does not exist")

@@ -146,3 +146,19 @@ def test_decide_sees_stopping_victims_and_their_checkpoints():
     assert at_250 == {"b1": (0.0, 200.0, None)}  # last checkpoint at 200, not yet chosen
     times = [now for now, _ in seen]
     assert times == sorted(times) and 280.0 in times  # asked again when the victim stopped
+
+
+@pytest.mark.parametrize(
+    ("rule", "high_starts"),
+    [pytest.param({"min_runtime_s": 100}, 100.0, id="victim protected until its min_runtime_s"),
+     pytest.param({"preemption_delay_s": 50}, 60.0, id="preemptor waits its preemption_delay_s"),
+     pytest.param({}, 10.0, id="no timers: preempted at once")],
+)
+def test_time_based_rules_wake_the_policy_though_nothing_else_happens(rule, high_starts):
+    data = {"queues": [{"name": "pool", "capacity": 4, "quotas": [
+        {"name": "a", "capacity": 4, "grace_period_s": 0, **rule}]}]}
+    jobs = [job("low", "a", 0, 1000, 4, priority=1), job("high", "a", 10, 5, 4, priority=9)]
+    run = simulate(quota_file(data), jobs, ["quota"], checkpoint_interval_s=0)
+    by_id = {j.trace.id: j for j in run.results["quota"].jobs}
+    assert by_id["high"].first_start == high_starts
+    assert by_id["low"].preemptions == 1
