@@ -153,7 +153,7 @@ class _QueueRun:
         self.used = 0
         self.decide_at: float | None = None
         self.checkpoints: list[tuple[float, int, str]] = []
-        self.last_pending: dict[str, str] = {}
+        self.last_pending: list[Any] = []
         self.timed = any(q.min_runtime_s > 0 or q.preemption_delay_s > 0 for q in queue.quotas)
         self.wake_at: float | None = None
 
@@ -247,7 +247,6 @@ class Simulator:
         usage = self.usage[job.quota]
         run = job.queue
         gpus = job.trace.gpus
-        usage.advance(now)
         needed = usage.pending_gpus + gpus
         job.in_quota = usage.used + needed <= usage.capacity
         # Within its quota, yet the pool has no room for it: others hold capacity this quota lends.
@@ -348,7 +347,7 @@ class Simulator:
         for job_id in decision.admit:
             job = self._pending_job(run, job_id, "admit")
             self._start(run, job, now)
-        run.last_pending = {p.id: p.reason for p in decision.pending} if decision.pending else {}
+        run.last_pending = decision.pending  # kept for the liveness check's message only
         if run.pending and run.timed:
             self._wake_for_timers(run, now)
 
@@ -418,7 +417,8 @@ class Simulator:
         stuck = [j for j in self.jobs.values() if j.status in ("pending", "running", "future")]
         if stuck:
             sample = stuck[0]
-            reason = sample.queue.last_pending.get(sample.trace.id, "no reason given")
+            reasons = {p.id: p.reason for p in sample.queue.last_pending}
+            reason = reasons.get(sample.trace.id, "no reason given")
             raise CheckError(
                 f"{self.setup.name}: {len(stuck)} job(s) never finished and nothing is left to happen, e.g. "
                 f"{sample.trace.id!r} ({sample.trace.gpus} GPUs, quota {sample.quota}): {reason}"
