@@ -26,30 +26,37 @@ BORROW_WITHIN = "borrow_within"
 class Candidates:
     """The running jobs that may be preempted this cycle, per quota, each list in victim order.
 
-    Built once per decision; jobs chosen as victims earlier in the same decision are ``taken`` and
-    skipped afterwards.
+    A quota's list is built (filtered, keyed, sorted) only when a search or a reason first looks at
+    it: most cycles admit without preempting and never need one. Jobs chosen as victims earlier in
+    the same decision are ``taken`` and skipped afterwards.
     """
 
-    def __init__(self, running: tuple[Job, ...], quotas: dict[str, Quota], now: float) -> None:
-        by_quota: dict[str, list[tuple[tuple, Job]]] = {name: [] for name in quotas}
-        for job in running:
-            if may_be_preempted(job, quotas[job.quota], now):
-                by_quota[job.quota].append((victim_order(job, now), job))
-        for entries in by_quota.values():
-            entries.sort(key=lambda entry: entry[0])
-        self.by_quota = by_quota
+    def __init__(self, running_by_quota: dict[str, list[Job]], quotas: dict[str, Quota], now: float) -> None:
+        self._running = running_by_quota
+        self._quotas = quotas
+        self._now = now
+        self._sorted: dict[str, list[tuple[tuple, Job]]] = {}
         self.taken: set[str] = set()
         self._first: dict[str, int] = {}
 
-    def __iter__(self) -> Iterator[Job]:
-        """Every candidate not yet taken."""
-        for entries in self.by_quota.values():
-            for _, job in entries:
-                if job.id not in self.taken:
-                    yield job
+    def entries(self, name: str) -> list[tuple[tuple, Job]]:
+        """A quota's candidates as ``(victim order key, job)``, lowest priority first."""
+        entries = self._sorted.get(name)
+        if entries is None:
+            quota, now = self._quotas[name], self._now
+            entries = [(victim_order(job, now), job) for job in self._running.get(name, ()) if may_be_preempted(job, quota, now)]
+            entries.sort(key=_key)
+            self._sorted[name] = entries
+        return entries
+
+    def lowest_priority(self, name: str) -> int | None:
+        """The lowest priority among a quota's candidates not yet taken, or None."""
+        entries = self.entries(name)
+        first = self._first_untaken(name)
+        return entries[first][1].priority if first < len(entries) else None
 
     def _next_untaken(self, name: str, position: int) -> int:
-        entries = self.by_quota[name]
+        entries = self.entries(name)
         while position < len(entries) and entries[position][1].id in self.taken:
             position += 1
         return position
@@ -81,15 +88,16 @@ class Candidates:
             # A k-way merge of the borrowing quotas' lists that drops a quota as soon as it stops
             # borrowing (heapq.merge would walk through all of its remaining entries).
             heap = []
-            for name, entries in self.by_quota.items():
+            for name in self._quotas:
                 if name != quota.name and usage.is_borrowing(name):
+                    entries = self.entries(name)
                     position = self._first_untaken(name)
                     if position < len(entries):
                         heap.append((entries[position][0], name, position))
             heapq.heapify(heap)
             while heap:
                 _, name, position = heap[0]
-                entries = self.by_quota[name]
+                entries = self.entries(name)
                 candidate = entries[position][1]
                 if ceiling is not None and candidate.priority > ceiling:
                     break
@@ -102,11 +110,15 @@ class Candidates:
                 else:
                     heapq.heappop(heap)
                 yield candidate, reason
-        own = self.by_quota.get(quota.name, ())
-        position = self._first_untaken(quota.name) if own else 0
+        own = self.entries(quota.name)
+        position = self._first_untaken(quota.name)
         for _, candidate in own[position:]:
             if candidate.priority > preemptor.priority:
                 break
             if candidate.id in self.taken or not within_quota_allows(policy.within_quota, preemptor, candidate):
                 continue
             yield candidate, WITHIN_QUOTA
+
+
+def _key(entry: tuple[tuple, Job]) -> tuple:
+    return entry[0]

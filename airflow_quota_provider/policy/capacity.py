@@ -150,9 +150,12 @@ class QuotaUsage:
 def summarize(state: State) -> dict[str, QuotaUsage]:
     """Per-quota figures of a job queue, from the GPUs its running jobs hold right now."""
     usage = Usage(state.capacity, state.quotas)
+    in_use = dict.fromkeys(usage.quotas, 0)
     for job in state.running:
-        usage.add(job.quota, job.gpus)
-        usage.physical += job.gpus
+        in_use[job.quota] += job.gpus
+    for name, gpus in in_use.items():
+        usage.add(name, gpus)
+    usage.physical = sum(in_use.values())
     lent = usage.lent()
     pending_jobs = dict.fromkeys(usage.quotas, 0)
     pending_gpus = dict.fromkeys(usage.quotas, 0)

@@ -67,13 +67,18 @@ class _Cycle:
         self.most = {q.name: ever_fits(q, state.quotas, state.capacity) for q in state.quotas}
         self.usage = Usage(state.capacity, state.quotas)
         self.stopping_for: dict[str, list[str]] = defaultdict(list)
+        running_by_quota: dict[str, list[Job]] = defaultdict(list)
+        in_use: dict[str, int] = defaultdict(int)
         for job in state.running:
+            running_by_quota[job.quota].append(job)
             self.usage.physical += job.gpus
             if job.preempted_for is None:
-                self.usage.add(job.quota, job.gpus)
+                in_use[job.quota] += job.gpus
             else:
                 self.stopping_for[job.preempted_for].append(job.id)
-        self.candidates = Candidates(state.running, self.quotas, now)
+        for name, gpus in in_use.items():
+            self.usage.add(name, gpus)
+        self.candidates = Candidates(running_by_quota, self.quotas, now)
         self.decision = Decision()
         self.waiting_for: dict[str, list[str]] = {}
         """Held jobs: capacity is theirs, GPUs not yet free; the victims they wait for."""

@@ -36,6 +36,8 @@ class Explainer:
         reason = self._cache.get(key)
         if reason is None:
             reason = self._cache[key] = self._compose(job, quota, searched)
+        if not quota.preemption_delay_s:
+            return reason
         delay_left = quota.preemption_delay_s - (self.now - job.submitted_at)
         if delay_left > 0:
             reason += f"; may preempt in {delay_left:.0f} s (preemption_delay_s {quota.preemption_delay_s:g})"
@@ -77,12 +79,8 @@ class Explainer:
     def _borrowers_text(self, job: Job) -> str:
         """Other quotas running above their capacity: whose jobs hold what this quota lends."""
         if self._borrowers is None:
-            lowest: dict[str, int] = {}
-            for candidate in self.candidates:
-                if candidate.quota not in lowest or candidate.priority < lowest[candidate.quota]:
-                    lowest[candidate.quota] = candidate.priority
             self._borrowers = [
-                (name, borrowed(quota, self.usage.used[name]), lowest.get(name))
+                (name, borrowed(quota, self.usage.used[name]), self.candidates.lowest_priority(name))
                 for name, quota in sorted(self.quotas.items())
                 if self.usage.is_borrowing(name)
             ]
