@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.integration_support import LOCAL_EXECUTOR, QUOTA_EXECUTOR, AirflowInstance  # noqa: E402
+from tests.integration_support import LOCAL_EXECUTOR, QUOTA_EXECUTOR, AirflowInstance, free_port  # noqa: E402
 
 QUOTAS = 4
 
@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="quota-bench-"))
     started = time.monotonic()
     try:
-        quota = run_once(root, "quota", QUOTA_EXECUTOR, 18021, args.tasks, args.slots)
+        quota = run_once(root, "quota", QUOTA_EXECUTOR, free_port(18000, 18009, also=50), args.tasks, args.slots)
         print(f"QuotaExecutor: {args.tasks} one-second tasks in {QUOTAS} quotas, {args.slots} at once: {quota:.1f} s")
-        local = run_once(root, "local", LOCAL_EXECUTOR, 18022, args.tasks, args.slots)
+        local = run_once(root, "local", LOCAL_EXECUTOR, free_port(18000, 18009, also=50), args.tasks, args.slots)
         print(f"LocalExecutor: {args.tasks} one-second tasks, parallelism {args.slots}: {local:.1f} s")
         print(f"ratio QuotaExecutor/LocalExecutor: {quota / local:.3f} (goal <= 1.1)")
         print(f"(benchmark wall time {time.monotonic() - started:.0f} s, homes under {root})")

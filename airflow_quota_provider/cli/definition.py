@@ -1,12 +1,23 @@
 """The ``airflow quota`` command group: arguments here, thin command bodies in the command modules.
 
-Other command modules (``simulate_command``, ``aws_command``) add their ``ActionCommand`` entries
-to :data:`QUOTA_COMMANDS`.
+``status`` and ``set-priority`` take ``--backend local|aws-batch`` (local: QuotaExecutor's tables;
+aws-batch: :mod:`.aws_command`); ``apply`` is AWS Batch only; ``simulate`` is
+:mod:`.simulate_command`'s.
 """
 
 from __future__ import annotations
 
 from airflow.cli.cli_config import ARG_VERBOSE, ActionCommand, Arg, GroupCommand, lazy_load_command
+
+from airflow_quota_provider.cli.aws_command import (
+    APPLY_ARGS,
+    ARG_AWS_CONN_ID,
+    ARG_BACKEND,
+    ARG_JOB_ID,
+    ARG_JOB_QUEUE,
+    ARG_REGION,
+)
+from airflow_quota_provider.cli.simulate_command import SIMULATE_COMMAND
 
 ARG_OUTPUT = Arg(
     ("-o", "--output"),
@@ -20,13 +31,14 @@ ARG_RUN_ID = Arg(("run_id",), help="The DAG run id")
 ARG_TASK_ID = Arg(("task_id",), help="The task id")
 ARG_PRIORITY = Arg(("priority",), help="The new priority (integer, higher runs first)", type=int)
 ARG_MAP_INDEX = Arg(("--map-index",), help="Map index of a mapped task instance", type=int, default=-1)
+_AWS = (ARG_BACKEND, ARG_JOB_QUEUE, ARG_AWS_CONN_ID, ARG_REGION)
 
 QUOTA_COMMANDS: list[ActionCommand] = [
     ActionCommand(
         name="status",
         help="Per job queue and quota: capacity, GPUs in use, borrowed, lent, free, waiting jobs",
         func=lazy_load_command("airflow_quota_provider.cli.quota_command.status"),
-        args=(ARG_OUTPUT, ARG_VERBOSE),
+        args=(ARG_OUTPUT, ARG_VERBOSE, *_AWS),
     ),
     ActionCommand(
         name="jobs",
@@ -38,7 +50,7 @@ QUOTA_COMMANDS: list[ActionCommand] = [
         name="set-priority",
         help="Change the priority of a waiting or running task; the next scheduling cycle uses it",
         func=lazy_load_command("airflow_quota_provider.cli.quota_command.set_priority"),
-        args=(ARG_DAG_ID, ARG_RUN_ID, ARG_TASK_ID, ARG_PRIORITY, ARG_MAP_INDEX, ARG_VERBOSE),
+        args=(ARG_DAG_ID, ARG_RUN_ID, ARG_TASK_ID, ARG_PRIORITY, ARG_MAP_INDEX, ARG_VERBOSE, *_AWS, ARG_JOB_ID),
     ),
     ActionCommand(
         name="explain",
@@ -46,6 +58,13 @@ QUOTA_COMMANDS: list[ActionCommand] = [
         func=lazy_load_command("airflow_quota_provider.cli.quota_command.explain"),
         args=(ARG_DAG_ID, ARG_RUN_ID, ARG_TASK_ID, ARG_MAP_INDEX, ARG_OUTPUT, ARG_VERBOSE),
     ),
+    ActionCommand(
+        name="apply",
+        help="Make an AWS Batch job queue's quota shares match one queue of a quota file (--backend aws-batch)",
+        func=lazy_load_command("airflow_quota_provider.cli.aws_command.apply"),
+        args=APPLY_ARGS,
+    ),
+    SIMULATE_COMMAND,
 ]
 
 

@@ -48,6 +48,10 @@ def _emit(rows: Any, output: str, columns: list[str]) -> None:
 @suppress_logs_and_warning
 def status(args) -> None:
     """Per quota: capacity, in use, borrowed, lent, free, pending jobs and GPUs (from the policy)."""
+    if getattr(args, "backend", "local") == "aws-batch":
+        from airflow_quota_provider.cli import aws_command
+
+        return aws_command.status(args)
     from airflow_quota_provider.usage import quota_rows
 
     quota_file = _quota_file()
@@ -79,6 +83,10 @@ def jobs(args) -> None:
 
 def set_priority(args) -> None:
     """Change the priority of a task instance's active job."""
+    if getattr(args, "backend", "local") == "aws-batch":
+        from airflow_quota_provider.cli import aws_command
+
+        return aws_command.set_priority(args)
     quota_file = _quota_file()
     with create_session() as session:
         try:

@@ -74,6 +74,7 @@ if TYPE_CHECKING:
 # A stopping task whose supervisor has not ended it this long after its state was changed is killed.
 FORCE_KILL_AFTER_S = 60.0
 KEEPALIVE_EVERY_S = 5.0
+SCHEDULE_EVERY_S = 1.0
 
 
 class QuotaConfigError(ValueError):
@@ -148,6 +149,8 @@ class QuotaExecutor(BaseExecutor):
         self._quota_path = ""
         self._quota_mtime: float | None = None
         self._last_keepalive = 0.0
+        self._last_schedule = 0.0
+        self._dirty = True
         self._device_source = ""
         self._load_startup_config()
 
@@ -211,6 +214,7 @@ class QuotaExecutor(BaseExecutor):
             return
         self._submit(workload, session)
         self.running.add(workload.ti.key)
+        self._dirty = True
 
     def _process_workloads(self, workload_items: Sequence[ExecutorWorkload]) -> None:
         for workload in workload_items:
@@ -229,6 +233,7 @@ class QuotaExecutor(BaseExecutor):
             return
         job = self._job_for_key(ti.key, session)
         self.running.discard(ti.key)
+        self._dirty = True
         if job is None:
             return
         if job.state in (JobState.RUNNING.value, JobState.STOPPING.value) and self.launcher:
@@ -271,15 +276,18 @@ class QuotaExecutor(BaseExecutor):
             with create_session() as session:
                 # Airflow's sessions do not autoflush: flush after each step so that the next
                 # step's queries see its changes.
-                for step in (
-                    self._reload_quota_file,
-                    self._watch_processes,
-                    self._enforce_deadlines,
-                    self._schedule,
-                    self._keep_queued_alive,
-                ):
-                    step(session)
+                for step in (self._reload_quota_file, self._watch_processes, self._enforce_deadlines):
+                    self._dirty |= bool(step(session))
                     session.flush()
+                # Decide when something changed, and at least every SCHEDULE_EVERY_S for the rules
+                # that depend on time (min_runtime_s, preemption_delay_s) and priority edits.
+                now = time.monotonic()
+                if self._dirty or now - self._last_schedule >= SCHEDULE_EVERY_S:
+                    self._dirty = False
+                    self._last_schedule = now
+                    self._schedule(session)
+                    session.flush()
+                self._keep_queued_alive(session)
         except Exception:
             self.log.exception("QuotaExecutor cycle failed; it is retried on the next heartbeat")
 

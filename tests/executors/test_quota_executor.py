@@ -45,6 +45,14 @@ def test_borrow_then_reclaim_resumes_without_using_a_retry(airflow):
     tis = airflow.tis("borrow_b", run_b)
     for task_id, ti in tis.items():
         assert ti["state"] == "success" and ti["try_number"] == 1, dict(ti)
+    # Each run saw exactly the devices it was admitted on.
+    admitted = airflow.events("admitted", dag_id="borrow_b")
+    for r in records:
+        if r.get("name", "").startswith("b") and r["event"] == "start":
+            assert r["devices"] in {e["devices"] for e in admitted if e["task_id"] == r["name"]}, r
+    # Every quota is an Airflow pool with unlimited slots: the executor, not the pool, gates tasks.
+    pools = {r["pool"]: r["slots"] for r in airflow.sql("SELECT pool, slots FROM slot_pool")}
+    assert pools["team-a"] == pools["team-b"] == -1
     counts = airflow.sql("SELECT task_id, count FROM quota_preemption_count WHERE dag_id='borrow_b'")
     assert {r["task_id"]: r["count"] for r in counts} == {v: 1 for v in victims}
     # team-a started only on GPUs its victims had released, within the grace period.
@@ -90,6 +98,9 @@ def test_set_priority_on_a_waiting_task_changes_which_runs_next(airflow):
                                 "AND pending_position IS NOT NULL")) == 2,
         "both waiters to be pending",
     )
+    status = json.loads(airflow.airflow("quota", "status", "--output", "json").stdout)
+    team_s = next(row for row in status if row["quota"] == "team-s")
+    assert (team_s["in_use"], team_s["pending_jobs"], team_s["pending_gpus"]) == (1, 2, 2)
     explained = airflow.airflow("quota", "explain", "set_waiters", run, "w2").stdout
     assert "position 2" in explained, explained
     out = airflow.airflow("quota", "set-priority", "set_waiters", run, "w2", "100").stdout
