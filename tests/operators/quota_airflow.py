@@ -1,9 +1,10 @@
 """A throw-away Airflow 3.3 installation for task-side tests: SQLite, its own AIRFLOW_HOME.
 
-Tasks run through ``dag.test()`` in a separate Python process (``dag_test_driver.py``), the Task
-SDK's own in-process supervisor over the DB-backed Execution API, so the operator's ``execute``
-and ``on_kill`` run in a real task context and its commands are real processes. Each run reports
-the task instance's state and ``try_number`` from the metadata DB after every attempt.
+Tasks run through ``dag.test()`` in a separate Python process (``dag_test_driver.py``). Each
+attempt runs in a real task process that the Task SDK's production supervisor (``supervise_task``)
+forks, over the Execution API served in-process on the DB, so the operator's ``execute`` and
+``on_kill`` run as under an executor and its commands are real processes. Each run reports the task
+instance's state and ``try_number`` from the metadata DB after every attempt.
 
 The provider is registered the way ``pip install`` registers it: a ``.dist-info`` directory with
 its ``apache_airflow_provider`` entry point on ``PYTHONPATH``, so ``@task.quota`` resolves through
@@ -42,14 +43,18 @@ class AirflowHome:
         path.write_text(textwrap.dedent(source))
         return path
 
-    def start_dag_test(self, dag_id: str, extra_env: dict[str, str] | None = None) -> DagTestRun:
+    def start_dag_test(
+        self, dag_id: str, extra_env: dict[str, str] | None = None, *, supervise: bool = True
+    ) -> DagTestRun:
+        """Start ``dag.test()`` for ``dag_id``. ``supervise``: each attempt in a real task process forked
+        by the Task SDK supervisor (as under an executor); else in the driver process (faster)."""
         out = self.root / f"{dag_id}.result.json"
         log = self.root / f"{dag_id}.log"
         out.unlink(missing_ok=True)
         with log.open("wb") as log_file:
             proc = subprocess.Popen(
                 [sys.executable, str(DRIVER), str(self.dags / f"{dag_id}.py"), dag_id, str(out)],
-                env={**self.env, **(extra_env or {})},
+                env={**self.env, "DAG_TEST_SUPERVISE": "1" if supervise else "0", **(extra_env or {})},
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 cwd=self.root,

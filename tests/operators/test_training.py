@@ -240,20 +240,23 @@ with DAG("{dag_id}", schedule=None) as dag:
     )
 
 
-def _started_bash_task(airflow_home, tmp_path, dag_id: str, command: str, **operator_args):
+def _started_bash_task(airflow_home, tmp_path, dag_id: str, command: str, *, supervise=True, **operator_args):
     """Run a one-task DAG whose bash ``command`` touches ``MARKER`` when it has started; return once it has.
 
-    A command that finds ``MARKER`` already there is a later attempt."""
+    A command that finds ``MARKER`` already there is a later attempt. ``supervise=False`` where the
+    task process boundary does not matter (signals to the supervisor do), to keep the suite quick."""
     marker, preempt = tmp_path / "started", tmp_path / "preempt.json"
     _bash_dag(airflow_home, dag_id, command.replace("MARKER", str(marker)), **operator_args)
-    run = airflow_home.start_dag_test(dag_id, {"QUOTA_PREEMPT_FILE": str(preempt)})
+    run = airflow_home.start_dag_test(dag_id, {"QUOTA_PREEMPT_FILE": str(preempt)}, supervise=supervise)
     wait_for(marker.exists, "the command to start", run=run)
     return run, preempt
 
 
 def test_command_that_ignores_sigterm_is_killed_after_grace_and_still_rescheduled(airflow_home, tmp_path):
     command = "if [ -e MARKER ]; then echo resumed; exit 0; fi; touch MARKER; trap '' TERM; sleep 120"
-    run, preempt = _started_bash_task(airflow_home, tmp_path, "ignores_sigterm", command, grace_period=1)
+    run, preempt = _started_bash_task(
+        airflow_home, tmp_path, "ignores_sigterm", command, supervise=False, grace_period=1
+    )
     write_preempt_file(preempt, reason="within_quota", preemptor="j2", deadline=time.time() + 300)
     result = run.wait()
     assert [a["state"] for a in result["attempts"]] == ["up_for_reschedule", "success"]
@@ -266,7 +269,7 @@ def test_command_that_ignores_sigterm_is_killed_after_grace_and_still_reschedule
 def test_nonzero_exit_fails_with_the_exit_code_and_templated_env_renders(airflow_home):
     command = 'echo "tag=$RUN_TAG"; exit 3'
     _bash_dag(airflow_home, "exit_three", command, env={"RUN_TAG": "{{ dag.dag_id }}-{{ task.task_id }}"})
-    run = airflow_home.start_dag_test("exit_three")
+    run = airflow_home.start_dag_test("exit_three", supervise=False)
     result = run.wait()
     assert result["attempts"] == [{"task_id": "job", "state": "failed", "try_number": 1}]
     assert result["reschedules"]["job"] == 0
@@ -277,7 +280,9 @@ def test_nonzero_exit_fails_with_the_exit_code_and_templated_env_renders(airflow
 
 def test_notice_past_the_preemption_limit_fails_the_task_with_its_message(airflow_home, tmp_path):
     command = "touch MARKER; trap 'echo saving; exit 143' TERM; sleep 120 & wait"
-    run, preempt = _started_bash_task(airflow_home, tmp_path, "limit_reached", command, grace_period=30)
+    run, preempt = _started_bash_task(
+        airflow_home, tmp_path, "limit_reached", command, supervise=False, grace_period=30
+    )
     notice = {"reason": "reclaim", "preemptor": "j5", "deadline": time.time() + 30, "fail": True,
               "message": "preempted 3 times: max_preemptions=3 reached"}
     preempt.write_text(json.dumps(notice))
@@ -294,7 +299,7 @@ def test_kill_without_a_notice_stops_the_command_and_fails(airflow_home, tmp_pat
     got_term = tmp_path / "got-term"
     command = f"trap 'touch {got_term}; exit 0' TERM; touch MARKER; sleep 120 & wait"
     run, preempt = _started_bash_task(airflow_home, tmp_path, "killed", command, grace_period=30)
-    os.kill(run.proc.pid, signal.SIGTERM)  # dag.test runs the task in the driver process
+    os.kill(run.proc.pid, signal.SIGTERM)  # the supervisor: it forwards SIGTERM to the task process
     result = run.wait()
     assert got_term.exists() and not preempt.exists()
     assert result["attempts"] == [{"task_id": "job", "state": "failed", "try_number": 1}]
@@ -306,7 +311,7 @@ def test_sigterm_after_the_notice_is_a_preemption_even_if_the_command_exits_zero
     command = "if [ -e MARKER ]; then exit 0; fi; trap 'exit 0' TERM; touch MARKER; sleep 120 & wait"
     run, preempt = _started_bash_task(airflow_home, tmp_path, "notice_then_sigterm", command, grace_period=30)
     write_preempt_file(preempt, reason="reclaim", preemptor="j3", deadline=time.time() + 30)
-    os.kill(run.proc.pid, signal.SIGTERM)
+    os.kill(run.proc.pid, signal.SIGTERM)  # to the supervisor, which forwards it
     result = run.wait()
     assert [(a["state"], a["try_number"]) for a in result["attempts"]] == [
         ("up_for_reschedule", 1),
@@ -327,7 +332,7 @@ def test_mapped_commands_run_as_quota_tasks_with_a_checkpoint_dir_per_map_index(
             )
         """,
     )
-    result = airflow_home.start_dag_test("mapped_commands").wait()
+    result = airflow_home.start_dag_test("mapped_commands", supervise=False).wait()
     assert {k: v["state"] for k, v in result["final"].items()} == {"shard[0]": "success", "shard[1]": "success"}
     dirs = [Path((tmp_path / name).read_text().strip()) for name in ("a", "b")]
     assert [(d.parent.name, d.name) for d in dirs] == [("shard", "0"), ("shard", "1")]
