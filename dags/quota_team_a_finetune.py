@@ -1,8 +1,8 @@
 """Team A's fine-tune at high priority: takes back the GPUs team A lent to team B.
 
 Part two of the borrow-then-reclaim story (see ``quota_team_b_sweep``). Trigger it while team B's
-sweep is borrowing team A's GPUs. Team A asks for 4 GPUs at priority 80, within its own capacity
-of 8, so it may *reclaim*: the executor preempts just enough of team B's borrowing trials, gives
+sweep is borrowing team A's GPUs. Team A asks for 2 GPUs at priority 80, within its own capacity
+of 4, so it may *reclaim*: the executor preempts just enough of team B's borrowing trials, gives
 each its grace period to checkpoint, and starts this job on the freed GPUs. ``airflow quota
 explain quota_team_a_finetune <run_id> finetune`` says what it waits for meanwhile.
 
@@ -38,7 +38,7 @@ with DAG(
     QuotaTrainingOperator(
         task_id="finetune",
         quota="team-a",
-        gpus=4,
+        gpus=2,
         priority=80,
         command=(
             f"{sys.executable} {TRAIN_SCRIPT} --hidden 256 --seed 42"

@@ -1,12 +1,12 @@
 """Team B's hyperparameter sweep: more GPUs than team B owns, so it borrows team A's idle ones.
 
-Part one of the borrow-then-reclaim story (with ``examples/quotas.yaml``: a 16-GPU fleet, team-a
-owns 8, team-b 4, inference 4 reserved):
+Part one of the borrow-then-reclaim story (with ``examples/quotas.yaml``: an 8-GPU fleet, team-a
+owns 4, team-b 2, inference 2 reserved):
 
-1. Trigger this DAG. Six trials of 2 GPUs each ask for 12 GPUs at priority 10. Team-b owns 4, so
+1. Trigger this DAG. Six trials of 1 GPU each ask for 6 GPUs at priority 10. Team-b owns 2, so
    2 trials run on its own GPUs and 4 run on GPUs *borrowed* from team-a, which is idle.
-   ``airflow quota status`` shows team-b using 12 GPUs of its 4, 8 of them borrowed.
-2. Trigger ``quota_team_a_finetune``: team-a wants 4 of its GPUs back. The executor preempts two
+   ``airflow quota status`` shows team-b using 6 GPUs of its 2, 4 of them borrowed.
+2. Trigger ``quota_team_a_finetune``: team-a wants 2 of its GPUs back. The executor preempts two
    of team-b's borrowing trials (reclaim): each gets SIGTERM, writes a checkpoint within its grace
    period and goes to *up_for_reschedule* (grid view: light blue), not *failed*; its try number
    stays 1.
@@ -44,7 +44,7 @@ with DAG(
         QuotaTrainingOperator(
             task_id=f"trial_{trial}",
             quota="team-b",
-            gpus=2,
+            gpus=1,
             priority=10,
             command=(
                 f"{sys.executable} {TRAIN_SCRIPT} --lr {lr} --seed {trial}"

@@ -80,7 +80,7 @@ def test_decide_rejects_invalid_json():
 def test_validate_accepts_the_example_quota_file():
     result = policy("validate", str(EXAMPLE))
     assert result.returncode == 0, result.stderr
-    assert "job queue gpu-fleet: 16 GPUs, 3 quotas, 0 in the common pool" in result.stdout
+    assert "job queue gpu-fleet: 8 GPUs, 3 quotas, 0 in the common pool" in result.stdout
     assert result.stdout.strip().endswith("ok")
 
 

@@ -20,7 +20,7 @@ def one_queue(*quotas: dict, capacity: int = 16) -> dict:
 def test_the_example_file_parses_with_its_values():
     quota_file = load_quota_file(EXAMPLE)
     (queue,) = quota_file.queues
-    assert (queue.name, queue.capacity, [q.name for q in queue.quotas]) == ("gpu-fleet", 16, ["team-a", "team-b", "inference"])
+    assert (queue.name, queue.capacity, [q.name for q in queue.quotas]) == ("gpu-fleet", 8, ["team-a", "team-b", "inference"])
     team_b = quota_file.quota("team-b")
     assert team_b.preemption == PreemptionPolicy("lower_or_newer_equal_priority", "lower_priority", 20)
     assert team_b.min_runtime_s == 10
