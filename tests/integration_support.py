@@ -33,8 +33,19 @@ QUOTA_EXECUTOR = "quota:airflow_quota_provider.executors.quota_executor.QuotaExe
 LOCAL_EXECUTOR = "LocalExecutor"
 
 
+def _provider_installed() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(
+        ep.value.startswith("airflow_quota_provider.") for ep in entry_points(group="apache_airflow_provider")
+    )
+
+
 def provider_shim(root: Path) -> Path:
-    """A site dir that registers the provider's entry point (when it is not pip-installed)."""
+    """A site dir that registers the provider's entry point; empty when it is pip-installed already."""
+    root.mkdir(parents=True, exist_ok=True)
+    if _provider_installed():
+        return root
     dist = root / "airflow_quota_provider-0.1.0.dist-info"
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: airflow-quota-provider\nVersion: 0.1.0\n")

@@ -198,9 +198,15 @@ class QuotaExecutor(BaseExecutor):
             self._sync_pools(session)
 
     def end(self) -> None:
-        """Stop scheduling; running tasks keep running and the next scheduler adopts them."""
-        if self.launcher:
-            self.sync()
+        """Stop scheduling (nothing new starts); running tasks keep running and the next scheduler
+        adopts them. Tasks that already ended are reported now."""
+        if self.launcher is None:
+            return
+        try:
+            with create_session() as session:
+                self._watch_processes(session)
+        except Exception:
+            self.log.exception("QuotaExecutor could not settle ended tasks at shutdown")
 
     def terminate(self) -> None:
         """Leave running tasks alone: they run in their own sessions and are re-adopted."""
@@ -563,6 +569,8 @@ class QuotaExecutor(BaseExecutor):
                     self._reject(job, self._unknown_quota_message(job, quota_names), session)
                     changed = True
                 continue
+            if job.queue_name != queue.name:
+                job.queue_name = queue.name
             running, pending = by_queue.setdefault(queue.name, ([], []))
             pj = policy_job(job, counts.get((job.dag_id, job.run_id, job.task_id, job.map_index), 0))
             (pending if job.state == JobState.PENDING.value else running).append(pj)
