@@ -77,6 +77,9 @@ def test_within_quota_priority_preempts_a_plain_task_through_the_fallback_path(a
 
     preempted = airflow.events("preempted", dag_id="prio_low")
     assert [(e["reason"], e["task_id"]) for e in preempted] == [("within_quota", "low")]
+    # Its grace period (3 s for team-p) was honoured: it was stopped by force only after it.
+    stopped = airflow.events("stopped", dag_id="prio_low")
+    assert len(stopped) == 1 and stopped[0]["at"] - preempted[0]["at"] >= 3
     # The plain task ignored the preempt file; past its grace period it was stopped by Airflow and
     # ran again later, on the same try.
     starts = _task_starts(airflow, "prio_low", "low")
