@@ -22,7 +22,7 @@ def test_the_example_file_parses_with_its_values():
     (queue,) = quota_file.queues
     assert (queue.name, queue.capacity, [q.name for q in queue.quotas]) == ("gpu-fleet", 8, ["team-a", "team-b", "inference"])
     team_b = quota_file.quota("team-b")
-    assert team_b.preemption == PreemptionPolicy("lower_or_newer_equal_priority", "lower_priority", 20)
+    assert team_b.preemption == PreemptionPolicy("lower_priority", "lower_priority", 20)
     assert team_b.min_runtime_s == 10
     assert quota_file.queue_of("inference") is queue
 
