@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,7 +40,6 @@ from airflow.models.log import Log
 from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
 from airflow.models.taskinstancekey import TaskInstanceKey
-from airflow.utils import timezone
 from airflow.utils.session import create_session
 from airflow.utils.state import TaskInstanceState
 from airflow_quota_provider.executors.local_launcher import LocalLauncher, discover_devices
@@ -460,7 +459,7 @@ class QuotaExecutor(BaseExecutor):
         session.execute(
             update(TaskInstance)
             .where(*_ti_filter(job), TaskInstance.state.in_(states))
-            .values(state=TaskInstanceState.FAILED, end_date=timezone.utcnow())
+            .values(state=TaskInstanceState.FAILED, end_date=datetime.now(timezone.utc))
             .execution_options(synchronize_session=False)
         )
         session.add(Log(event="quota failed", task_instance=_key(job), extra=message))
@@ -505,7 +504,7 @@ class QuotaExecutor(BaseExecutor):
         ):
             return False
         self._last_keepalive = now
-        cutoff = timezone.utcnow() - timedelta(seconds=timeout / 4)
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=timeout / 4)
         # Waiting jobs, and launched ones whose task has not reported running yet (a slow start).
         keys = session.execute(
             select(QuotaJob.dag_id, QuotaJob.run_id, QuotaJob.task_id, QuotaJob.map_index).where(
@@ -524,7 +523,7 @@ class QuotaExecutor(BaseExecutor):
                 TaskInstance.state == TaskInstanceState.QUEUED,
                 TaskInstance.queued_dttm < cutoff,
             )
-            .values(queued_dttm=timezone.utcnow())
+            .values(queued_dttm=datetime.now(timezone.utc))
             .execution_options(synchronize_session=False)
         )
         return bool(result.rowcount)
