@@ -112,3 +112,15 @@ def test_kueue_baseline_shape():
         "small": (350, 1, 0.2), "medium": (100, 5, 0.5), "large": (50, 20, 1.0)}
     assert sum(j.gpus * j.duration_s for j in per_quota) == pytest.approx(1320)
     assert max(j.submit_time_s for j in by_class["large"]) == pytest.approx(58.8)
+
+
+def test_itp_example_quota_file_covers_the_ten_source_clusters():
+    from pathlib import Path
+
+    from airflow_quota_provider.policy import load_quota_file
+
+    quota_file = load_quota_file(Path(__file__).resolve().parents[2] / "examples" / "itp-quotas.yaml")
+    [queue] = quota_file.queues
+    assert queue.capacity == 1200 == sum(q.capacity for q in queue.quotas)
+    assert [quota_file.quota_for_team(f"itp{i:02d}") for i in range(1, 11)] == [f"itp{i:02d}" for i in range(1, 11)]
+    assert {(q.sharing, q.grace_period_s, q.preemption.reclaim) for q in queue.quotas} == {("lend_and_borrow", 120.0, "any")}
