@@ -141,6 +141,15 @@ class _Cycle:
         if seen is None or seen[0] != self.epoch or job.gpus < seen[1]:
             memo[(job.quota, borrow)] = (self.epoch, job.gpus)
 
+    def _hopeless(self, name: str) -> bool:
+        """No later job of quota ``name`` can start or find victims in this pass: a 1-GPU job failed
+        both since the last change (fitting and the search are monotone in GPUs and priority)."""
+        fit = self._fit_failed.get((name, True))
+        search = self._search_failed.get((name, True))
+        return (
+            fit is not None and fit == (self.epoch, 1) and search is not None and search == (self.epoch, 1)
+        )
+
     def _place(self, job: Job, *, borrow: bool) -> bool:
         """Start, hold or preempt for ``job``; False when it has to wait."""
         quota = self.quotas[job.quota]
@@ -198,9 +207,13 @@ class _Cycle:
                 heapq.heappush(heap, (current, name))
                 continue
             waiting = queues[name]
+            quota = self.quotas[name]
             # A job that has to wait changes no share, so this quota stays first: go on with it.
             while waiting and not self._place(waiting.popleft(), borrow=True):
-                pass
+                if self._hopeless(name):
+                    # What _place would conclude for each of the rest, without asking it each time.
+                    self.no_victims.update(job.id for job in waiting if may_preempt(job, quota, self.now))
+                    waiting.clear()
             if waiting:
                 heapq.heappush(heap, (self.usage.share(name), name))
 
