@@ -69,7 +69,7 @@ def free_port(first: int, last: int, *, also: int = 0) -> int:
     raise RuntimeError(f"no free port in {first}-{last}")
 
 
-def wait_for(predicate, what: str, timeout: float = 120.0, interval: float = 1.0, on_timeout=None):
+def wait_for(predicate, what: str, timeout: float = 240.0, interval: float = 1.0, on_timeout=None):
     """Poll until ``predicate()`` is truthy and return it; a safety net, not a timing assertion."""
     end = time.monotonic() + timeout
     while True:
@@ -265,7 +265,7 @@ class AirflowInstance:
         )
         return {r["task_id"] if r["map_index"] < 0 else f"{r['task_id']}[{r['map_index']}]": r for r in rows}
 
-    def wait_run(self, dag_id: str, run_id: str, timeout: float = 240) -> str:
+    def wait_run(self, dag_id: str, run_id: str, timeout: float = 480) -> str:
         """Wait until the DAG run is finished; returns its state."""
         rows = wait_for(
             lambda: self.sql(

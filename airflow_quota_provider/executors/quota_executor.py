@@ -491,6 +491,10 @@ class QuotaExecutor(BaseExecutor):
                 self.launcher.kill(job.pid)  # the task never reported running: nothing to lose
             job.forced_at = now
             changed = True
+            record_event(
+                EventKind.FORCED, job=job, session=session, victim=job.job_id, preemptor=job.preempted_for,
+                reason=job.preempt_reason, message=f"grace period over; task set to {target.value}",
+            )
             self.log.info("Grace period over for %s: task set to %s", job.ti_label(), target.value)
         return changed
 

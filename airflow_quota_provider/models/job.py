@@ -69,6 +69,9 @@ class EventKind(str, Enum):
     """A running job was told to stop: ``victim``, ``preemptor``, ``reason``."""
     RECLAIMED = "reclaimed"
     """A preemption whose reason is reclaim: the preemptor's quota takes back lent capacity."""
+    FORCED = "forced"
+    """A victim still running at the end of its grace period was set to up_for_reschedule (or
+    failed, past its limit) so that Airflow's supervisor ends it."""
     STOPPED = "stopped"
     """A preempted job's process is gone; it goes back to its queue."""
     RELEASED = "released"
