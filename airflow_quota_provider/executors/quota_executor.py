@@ -43,6 +43,7 @@ from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.session import create_session
 from airflow.utils.state import TaskInstanceState
 from airflow_quota_provider.executors.local_launcher import LocalLauncher, discover_devices
+from airflow_quota_provider.metrics import emit_metrics
 from airflow_quota_provider.models.job import (
     EventKind,
     JobState,
@@ -151,6 +152,7 @@ class QuotaExecutor(BaseExecutor):
         self._last_schedule = 0.0
         self._dirty = True
         self._device_source = ""
+        self._metrics_cursor: int | None = None
         self._load_startup_config()
 
     def _load_startup_config(self) -> None:
@@ -292,6 +294,9 @@ class QuotaExecutor(BaseExecutor):
                     self._last_schedule = now
                     self._schedule(session)
                     session.flush()
+                    self._metrics_cursor = emit_metrics(
+                        self.quota_file, session=session, since_event_id=self._metrics_cursor
+                    )
                 self._keep_queued_alive(session)
         except Exception:
             self.log.exception("QuotaExecutor cycle failed; it is retried on the next heartbeat")
