@@ -31,11 +31,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select, tuple_, update
+from sqlalchemy import or_, select, tuple_, update
 
 from airflow.configuration import conf
 from airflow.executors import workloads
 from airflow.executors.base_executor import BaseExecutor
+from airflow.executors.executor_loader import ExecutorLoader
 from airflow.models.log import Log
 from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
@@ -283,7 +284,12 @@ class QuotaExecutor(BaseExecutor):
             with create_session() as session:
                 # Airflow's sessions do not autoflush: flush after each step so that the next
                 # step's queries see its changes.
-                for step in (self._reload_quota_file, self._watch_processes, self._enforce_deadlines):
+                for step in (
+                    self._reload_quota_file,
+                    self._fail_tasks_on_missing_pools,
+                    self._watch_processes,
+                    self._enforce_deadlines,
+                ):
                     self._dirty |= bool(step(session))
                     session.flush()
                 # Decide when something changed, and at least every SCHEDULE_EVERY_S for the rules
@@ -469,6 +475,42 @@ class QuotaExecutor(BaseExecutor):
         )
         session.add(Log(event="quota failed", task_instance=_key(job), extra=message))
         self.log.error("Task %s failed: %s", job.ti_label(), message)
+
+    def _fail_tasks_on_missing_pools(self, session: Session) -> bool:
+        """Fail our tasks whose pool is neither a quota nor an Airflow pool.
+
+        Airflow never queues a task whose pool does not exist, so a task naming an unknown quota as
+        its pool would otherwise wait for ever without a word (quota pools exist: _sync_pools).
+        """
+        assert self.quota_file is not None
+        name = getattr(self, "name", None)
+        ours = {type(self).__name__, *(n for n in (getattr(name, "alias", None), getattr(name, "module_path", None)) if n)}
+        executor = TaskInstance.executor.in_(ours)
+        default = ExecutorLoader.get_default_executor_name()
+        if name is not None and default.module_path == name.module_path:
+            executor = or_(executor, TaskInstance.executor.is_(None))
+        tis = session.scalars(
+            select(TaskInstance).where(
+                TaskInstance.state == TaskInstanceState.SCHEDULED,
+                TaskInstance.pool.not_in(select(Pool.pool)),
+                executor,
+            )
+        ).all()
+        quotas = ", ".join(q.name for queue in self.quota_file.queues for q in queue.quotas)
+        for ti in tis:
+            message = (
+                f"pool: {ti.pool!r} is not one of the quotas {quotas} (nor an Airflow pool), "
+                "so this task could never be queued"
+            )
+            session.execute(
+                update(TaskInstance)
+                .where(TaskInstance.id == ti.id, TaskInstance.state == TaskInstanceState.SCHEDULED)
+                .values(state=TaskInstanceState.FAILED, end_date=datetime.now(timezone.utc))
+                .execution_options(synchronize_session=False)
+            )
+            session.add(Log(event="quota failed", task_instance=ti.key, extra=message))
+            self.log.error("Task %s failed: %s", ti.key, message)
+        return bool(tis)
 
     def _enforce_deadlines(self, session: Session) -> bool:
         """Past its grace period, a stopping task is set to up_for_reschedule so that its supervisor

@@ -138,10 +138,12 @@ def test_jobs_that_can_never_run_fail_with_a_clear_message_while_others_run(airf
     tis = airflow.tis("reject", run)
     assert tis["fits"]["state"] == "success"
     assert tis["unknown_quota"]["state"] == "failed" and tis["too_many_gpus"]["state"] == "failed"
+    assert tis["unknown_pool"]["state"] == "failed"
     messages = {r["task_id"]: r["extra"] for r in airflow.sql(
         "SELECT task_id, extra FROM log WHERE dag_id='reject' AND event='quota failed'")}
     assert "'no-such-team' is not one of" in messages["unknown_quota"] and "team-a" in messages["unknown_quota"]
     assert "5 GPUs" in messages["too_many_gpus"] and "team-r" in messages["too_many_gpus"]
+    assert "pool: 'no-such-pool' is not one of the quotas" in messages["unknown_pool"] and "team-r" in messages["unknown_pool"]
 
 
 def test_a_job_waiting_longer_than_task_queued_timeout_still_runs(airflow):

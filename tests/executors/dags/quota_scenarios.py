@@ -97,6 +97,7 @@ with DAG("limit_preemptor", schedule=None, start_date=START, catchup=False):
 # Jobs that can never run fail; the others run (queue q-rej: team-r 1 GPU).
 with DAG("reject", schedule=None, start_date=START, catchup=False):
     plain_sleep("unknown_quota", "default_pool", 1, executor_config={"quota": {"quota": "no-such-team"}})
+    plain_sleep("unknown_pool", "no-such-pool", 1)
     plain_sleep("too_many_gpus", "team-r", 1, pool_slots=5)
     plain_sleep("fits", "team-r", 1)
 
