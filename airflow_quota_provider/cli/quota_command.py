@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
+
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from airflow.utils.cli import suppress_logs_and_warning
 from airflow.utils.session import create_session
@@ -17,6 +20,22 @@ from airflow_quota_provider.models.job import (
     preemption_count,
     set_priority as set_job_priority,
 )
+
+
+def _needs_tables(command):
+    """A database without the provider's tables is a set-up step missed, not a crash: say which."""
+
+    @functools.wraps(command)
+    def wrapper(args):
+        try:
+            return command(args)
+        except (OperationalError, ProgrammingError) as e:
+            raise SystemExit(
+                f"Error: cannot read the quota tables ({e.orig}); run `airflow db migrate` "
+                "(it creates them) and check AIRFLOW_HOME / [database] sql_alchemy_conn"
+            )
+
+    return wrapper
 
 
 def _quota_file():
@@ -46,6 +65,7 @@ def _emit(rows: Any, output: str, columns: list[str]) -> None:
 
 
 @suppress_logs_and_warning
+@_needs_tables
 def status(args) -> None:
     """Per quota: capacity, in use, borrowed, lent, free, pending jobs and GPUs (from the policy)."""
     if getattr(args, "backend", "local") == "aws-batch":
@@ -67,6 +87,7 @@ def status(args) -> None:
 
 
 @suppress_logs_and_warning
+@_needs_tables
 def jobs(args) -> None:
     """List active jobs (``--all``: every job), oldest first."""
     states = list(JobState) if args.all else None
@@ -81,6 +102,7 @@ def jobs(args) -> None:
                               "state", "devices", "preemptions", "pending_position", "pending_reason"])
 
 
+@_needs_tables
 def set_priority(args) -> None:
     """Change the priority of a task instance's active job."""
     if getattr(args, "backend", "local") == "aws-batch":
@@ -110,6 +132,7 @@ def _max_priority(quota_file, args, session) -> int | None:
 
 
 @suppress_logs_and_warning
+@_needs_tables
 def explain(args) -> None:
     """Print a task's job: state, pending reason and position, devices, preemptions, events."""
     with create_session() as session:

@@ -1,0 +1,24 @@
+"""``airflow quota`` as a user runs it, before the set-up is complete: an error, not a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "quotas.yaml"
+
+
+def test_status_without_the_quota_tables_says_to_run_db_migrate(tmp_path):
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path),
+        "AIRFLOW__QUOTA__QUOTA_FILE": str(EXAMPLE),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    }
+    airflow = Path(sys.executable).with_name("airflow")
+    result = subprocess.run([str(airflow), "quota", "status"], env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1
+    assert "Error: cannot read the quota tables" in result.stderr and "airflow db migrate" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
