@@ -31,8 +31,9 @@ class Candidates:
     the same decision are ``taken`` and skipped afterwards.
     """
 
-    def __init__(self, running_by_quota: dict[str, list[Job]], quotas: dict[str, Quota], now: float) -> None:
-        self._running = running_by_quota
+    def __init__(self, running: tuple[Job, ...], quotas: dict[str, Quota], now: float) -> None:
+        self._all_running = running
+        self._running: dict[str, list[Job]] | None = None
         self._quotas = quotas
         self._now = now
         self._sorted: dict[str, list[tuple[tuple, Job]]] = {}
@@ -43,6 +44,10 @@ class Candidates:
         """A quota's candidates as ``(victim order key, job)``, lowest priority first."""
         entries = self._sorted.get(name)
         if entries is None:
+            if self._running is None:  # grouped once, on the first search of the cycle
+                self._running = {}
+                for job in self._all_running:
+                    self._running.setdefault(job.quota, []).append(job)
             quota, now = self._quotas[name], self._now
             entries = [(victim_order(job, now), job) for job in self._running.get(name, ()) if may_be_preempted(job, quota, now)]
             entries.sort(key=_key)
