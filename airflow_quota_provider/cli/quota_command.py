@@ -114,21 +114,11 @@ def set_priority(args) -> None:
         try:
             job: QuotaJob = set_job_priority(
                 args.dag_id, args.run_id, args.task_id, args.priority, map_index=args.map_index,
-                max_priority=_max_priority(quota_file, args, session), session=session,
+                quota_file=quota_file, session=session,
             )
         except (JobNotFound, ValueError) as e:
             raise SystemExit(f"Error: {e}")
         print(f"Priority of job {job.job_id} ({job.ti_label()}) set to {job.priority}")
-
-
-def _max_priority(quota_file, args, session) -> int | None:
-    from airflow_quota_provider.models.job import find_job
-
-    try:
-        job = find_job(args.dag_id, args.run_id, args.task_id, map_index=args.map_index, session=session)
-        return quota_file.quota(job.quota).max_priority
-    except Exception:
-        return None
 
 
 @suppress_logs_and_warning

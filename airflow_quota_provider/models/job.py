@@ -27,9 +27,12 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from airflow_quota_provider.models.base import QuotaBase
+from airflow_quota_provider.policy import PolicyError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
+
+    from airflow_quota_provider.policy import QuotaFile
 
     from sqlalchemy.orm import Session
 
@@ -302,17 +305,24 @@ def set_priority(
     priority: int,
     *,
     map_index: int = -1,
-    max_priority: int | None = None,
+    quota_file: QuotaFile | None = None,
     session: Session,
 ) -> QuotaJob:
     """Change the priority of a task instance's active job; the next scheduling cycle uses it.
 
-    Raises :class:`JobNotFound` when the task instance has no active job, and :class:`ValueError`
-    naming ``priority`` when it is above the quota's ``max_priority``.
+    The CLI and the REST API both come here. Raises :class:`JobNotFound` when the task instance has
+    no active job, and :class:`ValueError` naming ``priority`` when it is above the ``max_priority``
+    of the job's quota in ``quota_file`` (a quota the file no longer has sets no cap).
     """
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ValueError(f"priority: {priority!r} is not an integer")
     job = find_job(dag_id, run_id, task_id, map_index=map_index, session=session, active_only=True)
+    max_priority = None
+    if quota_file is not None:
+        try:
+            max_priority = quota_file.quota(job.quota).max_priority
+        except PolicyError:
+            pass
     if max_priority is not None and priority > max_priority:
         raise ValueError(
             f"priority: {priority} is above quota {job.quota}'s max_priority {max_priority}"

@@ -258,12 +258,8 @@ def change_priority(job_id: str, priority: int, quota_file: QuotaFile, *, sessio
             f"job {job.job_id} is {job.state}; only {', '.join(s.value for s in JobState.active())} jobs can "
             "change priority"
         )
-    try:
-        max_priority = quota_file.quota(job.quota).max_priority
-    except (PolicyError, KeyError):
-        max_priority = None
     changed = set_priority(
-        job.dag_id, job.run_id, job.task_id, priority, map_index=job.map_index, max_priority=max_priority, session=session
+        job.dag_id, job.run_id, job.task_id, priority, map_index=job.map_index, quota_file=quota_file, session=session
     )
     if changed.id != job.id:  # an older try of the task instance: the active job is a newer one
         raise Conflict(f"job {job.job_id} is superseded by job {changed.job_id} of the same task instance")

@@ -22,6 +22,12 @@ from airflow_quota_provider.models.job import (
     release_devices,
     set_priority,
 )
+from airflow_quota_provider.policy import parse_quota_file
+
+
+CAPPED = parse_quota_file(
+    {"queues": [{"name": "fleet", "capacity": 4, "quotas": [{"name": "team-a", "capacity": 4, "max_priority": 100}]}]}
+)
 
 
 @pytest.fixture
@@ -51,7 +57,7 @@ def test_set_priority_changes_a_waiting_job_and_records_it(session):
 def test_set_priority_above_max_priority_names_the_field(session):
     _job(session, "capped_job")
     with pytest.raises(ValueError, match="priority: 101 is above quota team-a's max_priority 100"):
-        set_priority("dag", "run", "capped_job", 101, max_priority=100, session=session)
+        set_priority("dag", "run", "capped_job", 101, quota_file=CAPPED, session=session)
 
 
 def test_set_priority_of_a_finished_job_is_not_found(session):
