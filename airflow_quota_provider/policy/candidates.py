@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 
 from airflow_quota_provider.policy.capacity import Usage
@@ -37,6 +38,7 @@ class Candidates:
         self._quotas = quotas
         self._now = now
         self._sorted: dict[str, list[tuple[tuple, Job]]] = {}
+        self._totals: dict[str, tuple[list[int], list[int]]] = {}
         self.taken: set[str] = set()
         self._first: dict[str, int] = {}
 
@@ -53,6 +55,26 @@ class Candidates:
             entries.sort(key=_key)
             self._sorted[name] = entries
         return entries
+
+    def own_at_most(self, preemptor: Job, quota: Quota) -> int:
+        """An upper bound on the GPUs ``within_quota`` lets ``preemptor`` take from its own quota.
+
+        Victims taken earlier in the cycle are counted too, so this is a bound, never an underestimate.
+        """
+        rule = quota.preemption.within_quota
+        if rule == "never":
+            return 0
+        totals = self._totals.get(quota.name)
+        if totals is None:
+            priorities, gpus = [], [0]
+            for _, job in self.entries(quota.name):
+                priorities.append(job.priority)
+                gpus.append(gpus[-1] + job.gpus)
+            totals = self._totals[quota.name] = (priorities, gpus)
+        priorities, gpus = totals
+        # lower_priority: strictly lower; lower_or_newer_equal_priority: equal ones may qualify too.
+        count = (bisect_left if rule == "lower_priority" else bisect_right)(priorities, preemptor.priority)
+        return gpus[count]
 
     def lowest_priority(self, name: str) -> int | None:
         """The lowest priority among a quota's candidates not yet taken, or None."""

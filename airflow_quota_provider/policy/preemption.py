@@ -11,6 +11,7 @@ from __future__ import annotations
 from airflow_quota_provider.policy.candidates import Candidates
 from airflow_quota_provider.policy.capacity import Usage
 from airflow_quota_provider.policy.config import Quota
+from airflow_quota_provider.policy.preemption_policy import NOBODY, borrow_within_ceiling, reclaim_ceiling
 from airflow_quota_provider.policy.state import Job
 
 Victims = list[tuple[Job, str]]
@@ -40,10 +41,27 @@ def find_victims(
     ``phases`` comes from :func:`search_phases`, possibly narrowed by the caller.
     """
     for borrow in phases:
+        if not _may_find(preemptor, quota, usage, candidates, borrow=borrow):
+            continue
         victims = _minimal_set(preemptor, quota, usage, candidates, borrow=borrow)
         if victims:
             return victims
     return None
+
+
+def _may_find(preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, *, borrow: bool) -> bool:
+    """Cheap necessary conditions for a phase to succeed, so that hopeless searches skip the walk.
+
+    A failed search walks every candidate; on a busy queue most phase-1 searches fail because only
+    the quota's own victims lower its own usage, and they cannot bring it under its capacity.
+    """
+    policy = quota.preemption
+    ceiling = borrow_within_ceiling(policy.borrow_within, preemptor) if borrow else reclaim_ceiling(policy.reclaim, preemptor)
+    own = candidates.own_at_most(preemptor, quota)
+    if ceiling == NOBODY and not own:
+        return False  # no rule allows any victim
+    # Phase 1 ends within the quota's capacity; victims of other quotas do not lower its usage.
+    return borrow or usage.used[quota.name] - own + preemptor.gpus <= quota.capacity
 
 
 def _minimal_set(preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, *, borrow: bool) -> Victims | None:
