@@ -13,17 +13,22 @@ The cycle, in order:
    is never undone by a borrower in the same cycle.
 4. Borrowing pass, in fair-share order (borrowed GPUs per unit of weight, lowest first, recomputed
    after every admission): the rest start if they may borrow, or search for victims (both phases).
-5. Every job still waiting gets its position in its quota's queue and a reason.
+5. Every job still waiting gets its position in its quota's queue and a reason (unless the caller
+   asks for none).
 
-As many jobs start per cycle as fit. The input is never mutated and the result depends on nothing
-but ``(state, now)``.
+As many jobs start per cycle as fit. Both passes skip a quota as soon as none of its remaining jobs
+can start or find victims (it is *closed*) until a preemption or a new borrower changes that, so a
+cycle over a :class:`~airflow_quota_provider.policy.backlog.Backlog` costs what it places, not what
+waits. The input is never mutated and the result depends on nothing but ``(state, now)``.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict, deque
+from bisect import bisect_right
+from collections import defaultdict
 
+from airflow_quota_provider.policy.backlog import Backlog, Entry
 from airflow_quota_provider.policy.candidates import Candidates
 from airflow_quota_provider.policy.capacity import Usage, ever_fits
 from airflow_quota_provider.policy.config import Quota
@@ -35,9 +40,13 @@ from airflow_quota_provider.policy.reasons import Explainer
 from airflow_quota_provider.policy.state import Job, State
 
 
-def decide(state: State, now: float) -> Decision:
-    """Decide which pending jobs start, which running jobs are preempted, and why the rest wait."""
-    return _Cycle(state, now).run()
+def decide(state: State, now: float, *, explain: bool = True) -> Decision:
+    """Decide which pending jobs start, which running jobs are preempted, and why the rest wait.
+
+    With ``explain=False`` the waiting jobs get no position or reason (``pending`` stays empty), for
+    callers that act only on admissions, preemptions and rejections (the simulator).
+    """
+    return _Cycle(state, now).run(explain)
 
 
 def rejection_reason(job: Job, quota: Quota, state: State, most: int | None = None) -> str | None:
@@ -64,7 +73,7 @@ class _Cycle:
         self.state = state
         self.now = now
         self.quotas = {q.name: q for q in state.quotas}
-        self._most: dict[str, int] = {}
+        self.backlog = Backlog.of(state.pending)
         self.usage = Usage(state.capacity, state.quotas)
         self.stopping_for: dict[str, list[str]] = defaultdict(list)
         # The hottest loop of a cycle (the simulator makes ~10^5 cycles): locals, one pass.
@@ -89,28 +98,40 @@ class _Cycle:
         starting to borrow); failures memoised at one epoch stay failures until the next."""
         self._fit_failed: dict[tuple[str, bool], tuple[int, int]] = {}
         self._search_failed: dict[tuple[str, bool], tuple[int, int]] = {}
-        self.no_victims: set[str] = set()
-        """Jobs whose victim search found nothing (or could not run); for their pending reason."""
+        self.handled: set[str] = set()
+        """Waiting jobs rejected, held or placed in this cycle: the passes skip them."""
+        self._may_search = {name: _rules_allow_victims(quota) for name, quota in self.quotas.items()}
 
-    def run(self) -> Decision:
-        ordered = sorted(self.state.pending, key=queue_order)
-        waiting: list[Job] = []
-        for job in ordered:
-            most = self._most.get(job.quota)
-            if most is None:
-                most = self._most[job.quota] = ever_fits(self.quotas[job.quota], self.state.quotas, self.state.capacity)
-            reason = rejection_reason(job, self.quotas[job.quota], self.state, most)
-            if reason is not None:
-                self.decision.reject.append(Rejection(job.id, reason))
-            elif job.id in self.stopping_for and self.usage.fits(job.quota, job.gpus, borrow=True):
-                # Held from an earlier cycle; re-checked, since the quota file may have changed since.
+    def run(self, explain: bool) -> Decision:
+        self._reject()
+        # Held from an earlier cycle; re-checked, since the quota file may have changed since.
+        held = [job for job_id in self.stopping_for if (job := self.backlog.get(job_id)) is not None]
+        for job in sorted(held, key=queue_order):
+            if job.id not in self.handled and self.usage.fits(job.quota, job.gpus, borrow=True):
                 self._hold(job, sorted(self.stopping_for[job.id]))
-            else:
-                waiting.append(job)
-        deferred = [job for job in waiting if not self._place(job, borrow=False)]
-        self._borrowing_pass(deferred)
-        self._explain(ordered)
+                self.handled.add(job.id)
+        self._within_quota_pass()
+        self._borrowing_pass()
+        if explain:
+            self._explain()
         return self.decision
+
+    def _reject(self) -> None:
+        """Jobs that can never run; a quota whose largest and highest-priority jobs pass is skipped."""
+        rejected: list[tuple[tuple, Rejection]] = []
+        for name in self.backlog.quotas():
+            quota = self.quotas[name]
+            most = ever_fits(quota, self.state.quotas, self.state.capacity)
+            if self.backlog.largest(name) <= most and (
+                quota.max_priority is None or self.backlog.highest_priority(name) <= quota.max_priority
+            ):
+                continue
+            for key, job in self.backlog.entries(name):
+                reason = rejection_reason(job, quota, self.state, most)
+                if reason is not None:
+                    rejected.append((key, Rejection(job.id, reason)))
+                    self.handled.add(job.id)
+        self.decision.reject = [rejection for _, rejection in sorted(rejected, key=_entry_key)]
 
     # -- placing one job ------------------------------------------------------------------------
 
@@ -135,32 +156,36 @@ class _Cycle:
         else:
             self.waiting_for[job.id] = victims
 
-    def _memo_says_no(self, memo: dict, job: Job, borrow: bool) -> bool:
-        # Within one pass a quota's jobs come in queue order, and fitting is monotone in GPUs: a job
-        # at least as large as one that failed, with nothing changed since, fails too.
-        seen = memo.get((job.quota, borrow))
-        return seen is not None and seen[0] == self.epoch and job.gpus >= seen[1]
-
     def _remember_no(self, memo: dict, job: Job, borrow: bool) -> None:
         seen = memo.get((job.quota, borrow))
         if seen is None or seen[0] != self.epoch or job.gpus < seen[1]:
             memo[(job.quota, borrow)] = (self.epoch, job.gpus)
 
-    def _hopeless(self, name: str) -> bool:
-        """No later job of quota ``name`` can start or find victims in this pass: a 1-GPU job failed
-        both since the last change (fitting and the search are monotone in GPUs and priority)."""
-        fit = self._fit_failed.get((name, True))
-        search = self._search_failed.get((name, True))
-        return (
-            fit is not None and fit == (self.epoch, 1) and search is not None and search == (self.epoch, 1)
-        )
+    def _failed_at_most(self, memo: dict, name: str, borrow: bool, gpus: int) -> bool:
+        """Whether a job of quota ``name`` with at most ``gpus`` failed since the last change.
+
+        Within one pass a quota's jobs come in queue order, and fitting is monotone in GPUs: a job at
+        least as large as one that failed, with nothing changed since, fails too."""
+        seen = memo.get((name, borrow))
+        return seen is not None and seen[0] == self.epoch and seen[1] <= gpus
+
+    def _closed(self, name: str, borrow: bool) -> bool:
+        """No job of quota ``name`` left in this pass can start, be held or find victims until the
+        epoch changes: a job no larger than the quota's smallest failed both since the last change
+        (fitting and the search are monotone in GPUs and, in queue order, in priority)."""
+        if not borrow and self.usage.used[name] >= self.quotas[name].capacity:
+            return True  # _place's first test, for every job of the quota
+        smallest = self.backlog.smallest(name)
+        if not self._failed_at_most(self._fit_failed, name, borrow, smallest):
+            return False
+        return not self._may_search[name][borrow] or self._failed_at_most(self._search_failed, name, borrow, smallest)
 
     def _place(self, job: Job, *, borrow: bool) -> bool:
         """Start, hold or preempt for ``job``; False when it has to wait."""
         quota = self.quotas[job.quota]
         if not borrow and self.usage.used[job.quota] >= quota.capacity:
             return False  # neither fits within its capacity nor may search phase 1: borrowing pass
-        if not self._memo_says_no(self._fit_failed, job, borrow):
+        if not self._failed_at_most(self._fit_failed, job.quota, borrow, job.gpus):
             if self.usage.fits(job.quota, job.gpus, borrow=borrow):
                 self._hold(job, [])  # starts now unless stopping victims still hold the GPUs
                 return True
@@ -170,13 +195,11 @@ class _Cycle:
         phases = search_phases(job, quota, self.usage)
         if not borrow:
             phases = [phase for phase in phases if not phase]
-        if not phases or self._memo_says_no(self._search_failed, job, borrow):
-            self.no_victims.add(job.id)
+        if self._failed_at_most(self._search_failed, job.quota, borrow, job.gpus):
             return False
-        victims = find_victims(job, quota, self.usage, self.candidates, phases)
+        victims = find_victims(job, quota, self.usage, self.candidates, phases)  # None without phases
         if not victims:
             self._remember_no(self._search_failed, job, borrow)
-            self.no_victims.add(job.id)
             return False
         for victim, reason in victims:
             self._preempt(victim, job, reason)
@@ -198,12 +221,43 @@ class _Cycle:
         self.decision.preempt.append(Preemption(victim.id, preemptor.id, reason, victim.quota, fail, message))
         self.epoch += 1
 
-    def _borrowing_pass(self, jobs: list[Job]) -> None:
+    def _within_quota_pass(self) -> None:
+        """Every waiting job in queue order across quotas: start it or reclaim for it if it fits
+        within its quota's capacity.
+
+        A closed quota is set aside; when the epoch changes, it rejoins at its first job after the
+        last one looked at (those it skipped would have failed)."""
+        backlog = self.backlog
+        heap = [(entries[0][0], name, 0) for name in backlog.quotas() if (entries := backlog.entries(name))]
+        heapq.heapify(heap)
+        closed: list[str] = []
+        epoch = self.epoch
+        while heap:
+            key, name, index = heapq.heappop(heap)
+            entries = backlog.entries(name)
+            job = entries[index][1]
+            if job.id not in self.handled:
+                if self._closed(name, borrow=False):
+                    closed.append(name)
+                    continue
+                if self._place(job, borrow=False):
+                    self.handled.add(job.id)
+            if index + 1 < len(entries):
+                heapq.heappush(heap, (entries[index + 1][0], name, index + 1))
+            if self.epoch != epoch:
+                epoch = self.epoch
+                for other in closed:
+                    entries = backlog.entries(other)
+                    index = bisect_right(entries, key, key=_entry_key)
+                    if index < len(entries):
+                        heapq.heappush(heap, (entries[index][0], other, index))
+                closed.clear()
+
+    def _borrowing_pass(self) -> None:
         """Place the rest, lowest borrowed share per weight first."""
-        queues: dict[str, deque[Job]] = defaultdict(deque)
-        for job in jobs:
-            queues[job.quota].append(job)
-        heap = [(self.usage.share(name), name) for name in queues]
+        backlog = self.backlog
+        position = dict.fromkeys(backlog.quotas(), 0)
+        heap = [(self.usage.share(name), name) for name in position]
         heapq.heapify(heap)
         while heap:
             share, name = heapq.heappop(heap)
@@ -211,30 +265,50 @@ class _Cycle:
             if current != share:  # victims elsewhere changed it since it was pushed
                 heapq.heappush(heap, (current, name))
                 continue
-            waiting = queues[name]
-            quota = self.quotas[name]
+            entries = backlog.entries(name)
+            index = position[name]
             # A job that has to wait changes no share, so this quota stays first: go on with it.
-            while waiting and not self._place(waiting.popleft(), borrow=True):
-                if self._hopeless(name):
-                    # What _place would conclude for each of the rest, without asking it each time.
-                    self.no_victims.update(job.id for job in waiting if may_preempt(job, quota, self.now))
-                    waiting.clear()
-            if waiting:
+            while index < len(entries):
+                job = entries[index][1]
+                index += 1
+                if job.id in self.handled:
+                    continue
+                if self._closed(name, borrow=True):
+                    index = len(entries)
+                elif self._place(job, borrow=True):
+                    self.handled.add(job.id)
+                    break
+            position[name] = index
+            if index < len(entries):
                 heapq.heappush(heap, (self.usage.share(name), name))
 
     # -- why the rest wait ----------------------------------------------------------------------
 
-    def _explain(self, ordered: list[Job]) -> None:
+    def _explain(self) -> None:
         admitted = set(self.decision.admit)
-        rejected = {r.id for r in self.decision.reject}
         explainer = Explainer(self.usage, self.quotas, self.candidates, self.now)
         positions: dict[str, int] = defaultdict(int)
-        for job in ordered:
-            if job.id in admitted or job.id in rejected:
-                continue
+        for job in self.backlog.in_queue_order():
+            if job.id in admitted or (job.id in self.handled and job.id not in self.waiting_for):
+                continue  # started, or rejected
             positions[job.quota] += 1
             if job.id in self.waiting_for:
                 reason = explainer.held(job, self.waiting_for[job.id])
             else:
-                reason = explainer.waiting(job, searched=job.id in self.no_victims)
+                # Every job still waiting went through the borrowing pass, which searched for
+                # victims for each one allowed to preempt yet.
+                quota = self.quotas[job.quota]
+                reason = explainer.waiting(job, searched=may_preempt(job, quota, self.now))
             self.decision.pending.append(Pending(job.id, positions[job.quota], reason))
+
+
+def _entry_key(entry: Entry | tuple) -> tuple:
+    return entry[0]
+
+
+def _rules_allow_victims(quota: Quota) -> dict[bool, bool]:
+    """Whether any rule of ``quota`` allows a victim at all, per pass (``borrow`` flag)."""
+    policy = quota.preemption
+    own = policy.within_quota != "never"
+    reclaim = own or policy.reclaim != "never"
+    return {False: reclaim, True: reclaim or policy.borrow_within is not None}

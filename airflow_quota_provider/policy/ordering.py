@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from airflow_quota_provider.policy.state import Job
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow_quota_provider.policy.state import Job
 
 
 def queue_order(job: Job) -> tuple:

@@ -12,6 +12,7 @@ from typing import Any
 
 from airflow_quota_provider.policy.config import MAX_QUOTAS_PER_QUEUE, Queue, Quota, check_quotas, parse_quota
 from airflow_quota_provider.policy.errors import PolicyError
+from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.fields import Fields
 
 
@@ -45,11 +46,13 @@ class State:
     capacity: int
     quotas: tuple[Quota, ...]
     running: tuple[Job, ...]
-    pending: tuple[Job, ...]
+    pending: tuple[Job, ...] | Backlog
+    """The waiting jobs: any sequence, or a :class:`Backlog` kept up to date by the caller."""
 
     @classmethod
-    def for_queue(cls, queue: Queue, running: Iterable[Job], pending: Iterable[Job]) -> State:
-        return cls(capacity=queue.capacity, quotas=queue.quotas, running=tuple(running), pending=tuple(pending))
+    def for_queue(cls, queue: Queue, running: Iterable[Job], pending: Iterable[Job] | Backlog) -> State:
+        pending = pending if isinstance(pending, Backlog) else tuple(pending)
+        return cls(capacity=queue.capacity, quotas=queue.quotas, running=tuple(running), pending=pending)
 
 
 def _parse_job(data: Any, path: str, quota_names: tuple[str, ...], *, running: bool) -> Job:
