@@ -122,6 +122,15 @@ RECLAIM = [
         [], [],
         id="no reclaim for a job that would still borrow after it",
     ),
+    pytest.param(
+        # a_early meets quota a full (6 of 4) and is set aside; b1's reclaim brings a down to 2, so
+        # a_late, after b1 in queue order, starts within a's capacity in the same pass.
+        queue(8).quota("a", 4).quota("b", 4).run("A1", "a", 4, 0, started_at=10.0).run("A2", "a", 2, 0)
+        .wait("a_early", "a", 1, 5, submitted_at=0.0).wait("b1", "b", 3, 5, submitted_at=1.0)
+        .wait("a_late", "a", 2, 5, submitted_at=2.0).build(),
+        ["a_late"], [("A1", "b1", "reclaim")],
+        id="a quota set aside as full rejoins the within-quota pass once a reclaim brings it under its capacity",
+    ),
 ]
 
 
