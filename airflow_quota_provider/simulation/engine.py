@@ -20,6 +20,7 @@ executor does:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from airflow_quota_provider.policy import Job, Queue, QuotaFile, State, decide as policy_decide
+from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.simulation.policies import PolicySetup
 from airflow_quota_provider.simulation.workload import InputError, TraceJob
 
@@ -144,16 +146,15 @@ class _Usage:
 
 
 class _QueueRun:
-    __slots__ = ("queue", "running", "pending", "used", "decide_at", "checkpoints", "last_pending", "timed", "wake_at")
+    __slots__ = ("queue", "running", "pending", "used", "decide_at", "checkpoints", "timed", "wake_at")
 
     def __init__(self, queue: Queue) -> None:
         self.queue = queue  # as the policy sees it (after the policy's rewrite of the quota file)
         self.running: dict[str, Job] = {}
-        self.pending: dict[str, Job] = {}
+        self.pending = Backlog()  # kept between decisions, so that one costs what it places
         self.used = 0
         self.decide_at: float | None = None
         self.checkpoints: list[tuple[float, int, str]] = []
-        self.last_pending: list[Any] = []
         self.timed = any(q.min_runtime_s > 0 or q.preemption_delay_s > 0 for q in queue.quotas)
         self.wake_at: float | None = None
 
@@ -175,6 +176,8 @@ class SimulationResult:
 
 
 DecideFn = Callable[[State, float], Any]
+# The replay acts on admissions, preemptions and rejections only: no pending reasons to write.
+QUIET_DECIDE: DecideFn = functools.partial(policy_decide, explain=False)
 
 
 class Simulator:
@@ -187,7 +190,7 @@ class Simulator:
         jobs: Sequence[TraceJob],
         *,
         checkpoint_interval_s: float = 0.0,
-        decide: DecideFn = policy_decide,
+        decide: DecideFn = QUIET_DECIDE,
         record_timeline: bool = False,
         on_progress: Callable[[float], None] | None = None,
         progress_every: int = 2000,
@@ -257,7 +260,7 @@ class Simulator:
         usage = self.usage[job.quota]
         job.status = "pending"
         job.ready_at = now
-        job.queue.pending[job.trace.id] = job.job
+        job.queue.pending.add(job.job)
         usage.pending_gpus += job.trace.gpus
         usage.pending_jobs += 1
         self._record(usage, 0, 1)
@@ -318,14 +321,14 @@ class Simulator:
         if not run.pending:
             return  # nothing to admit, reject or preempt for: the decision is empty by definition
         self._refresh_checkpoints(run, now)
-        state = State.for_queue(run.queue, run.running.values(), run.pending.values())
+        state = State.for_queue(run.queue, run.running.values(), run.pending)
         decision = self.decide_fn(state, now)
         self.decisions += 1
         if self.on_progress is not None and self.decisions % self.progress_every == 0:
             self.on_progress(now)
         for rejection in decision.reject:
             job = self._pending_job(run, rejection.id, "reject")
-            del run.pending[job.trace.id]
+            run.pending.remove(job.trace.id)
             self._unpend(job)
             job.status = "rejected"
             job.end = now
@@ -347,7 +350,6 @@ class Simulator:
         for job_id in decision.admit:
             job = self._pending_job(run, job_id, "admit")
             self._start(run, job, now)
-        run.last_pending = decision.pending  # kept for the liveness check's message only
         if run.pending and run.timed:
             self._wake_for_timers(run, now)
 
@@ -361,7 +363,7 @@ class Simulator:
                 min_runtime = job.min_runtime_s if job.min_runtime_s is not None else quotas[job.quota].min_runtime_s
                 if job.started_at + min_runtime > now:
                     wake = min(wake, job.started_at + min_runtime)
-        for job in run.pending.values():
+        for job in run.pending:
             delay = quotas[job.quota].preemption_delay_s
             if job.submitted_at + delay > now:
                 wake = min(wake, job.submitted_at + delay)
@@ -387,7 +389,7 @@ class Simulator:
         self._record(usage, 0, -1)
 
     def _start(self, run: _QueueRun, job: SimJob, now: float) -> None:
-        del run.pending[job.trace.id]
+        run.pending.remove(job.trace.id)
         self._unpend(job)
         gpus = job.trace.gpus
         run.used += gpus
@@ -417,8 +419,9 @@ class Simulator:
         stuck = [j for j in self.jobs.values() if j.status in ("pending", "running", "future")]
         if stuck:
             sample = stuck[0]
-            reasons = {p.id: p.reason for p in sample.queue.last_pending}
-            reason = reasons.get(sample.trace.id, "no reason given")
+            run = sample.queue
+            decision = policy_decide(State.for_queue(run.queue, run.running.values(), run.pending), self.env.now)
+            reason = next((p.reason for p in decision.pending if p.id == sample.trace.id), "no reason given")
             raise CheckError(
                 f"{self.setup.name}: {len(stuck)} job(s) never finished and nothing is left to happen, e.g. "
                 f"{sample.trace.id!r} ({sample.trace.gpus} GPUs, quota {sample.quota}): {reason}"

@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_quota_provider.policy import QuotaFile, decide as policy_decide
+from airflow_quota_provider.policy import QuotaFile
 from airflow_quota_provider.simulation.checks import run_checks
-from airflow_quota_provider.simulation.engine import DecideFn, SimulationResult, Simulator
+from airflow_quota_provider.simulation.engine import QUIET_DECIDE, DecideFn, SimulationResult, Simulator
 from airflow_quota_provider.simulation.metrics import summarize
 from airflow_quota_provider.simulation.policies import POLICIES, policy_setup
 from airflow_quota_provider.simulation.workload import TraceJob
@@ -34,7 +34,7 @@ def simulate(
     *,
     checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S,
     record_timeline: bool = False,
-    decide: DecideFn = policy_decide,
+    decide: DecideFn = QUIET_DECIDE,
     progress: Callable[[str, float, float, float], None] | None = None,
     workload: dict[str, Any] | None = None,
 ) -> Run:
