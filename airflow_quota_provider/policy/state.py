@@ -1,7 +1,9 @@
 """What the policy decides over: one job queue's quotas and its running and pending jobs.
 
 :class:`State` is plain, immutable data. The executor builds it from its tables, the simulator from
-its event loop, and the decision-file CLI from JSON through :func:`parse_state`.
+its event loop, and the decision-file CLI from JSON through :func:`parse_state`. The one exception:
+the simulator passes its waiting jobs as a :class:`~airflow_quota_provider.policy.backlog.Backlog`
+that it updates between decisions (``decide`` only reads it).
 """
 
 from __future__ import annotations
