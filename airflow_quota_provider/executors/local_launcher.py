@@ -4,6 +4,12 @@ Each task runs in its own session (``setsid``) so that it outlives a scheduler t
 scheduler re-adopts it from the job's files. The forked child writes ``pid`` when it starts and
 ``exit`` when the Airflow task supervisor returns; a process that vanishes without ``exit`` was
 killed.
+
+The forked child is the Airflow task supervisor, and the task runs in the supervisor's own child
+process. The supervisor may notice that child's exit up to ``[workers] min_heartbeat_interval``
+(5 s) late: when the task's sockets reach EOF a moment before the kernel reports its exit, it
+sleeps a full heartbeat interval before looking again. :meth:`LocalLauncher.task_exited` sees the
+exit at once, so that the GPUs are not held idle meanwhile.
 """
 
 from __future__ import annotations
@@ -83,6 +89,8 @@ class LocalLauncher:
         self.state_dir = state_dir
         self._children: dict[int, int] = {}
         """pid -> exit status for processes this scheduler forked (reaped with waitpid)."""
+        self._lingering: set[int] = set()
+        """Forgotten children still finishing (see :meth:`task_exited`); reaped when they exit."""
 
     def job_dir(self, job_id: int) -> Path:
         return self.state_dir / "jobs" / str(job_id)
@@ -113,6 +121,12 @@ class LocalLauncher:
 
     def reap(self) -> None:
         """Collect exit statuses of our own children so that they do not linger as zombies."""
+        for pid in list(self._lingering):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    self._lingering.discard(pid)
+            except ChildProcessError:
+                self._lingering.discard(pid)
         for pid, status in list(self._children.items()):
             if status != -1:
                 continue
@@ -140,6 +154,26 @@ class LocalLauncher:
         # Same pid, different process start time: the pid was reused, the task is gone.
         return recorded.get("start") in (None, start)
 
+    def task_exited(self, pid: int) -> bool:
+        """Whether the supervisor ``pid`` has no live child process: its task has exited (or has not
+        started yet: the caller tells the two apart by the task instance's state).
+
+        False where the kernel does not list children (``/proc/PID/task/PID/children``).
+        """
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = f.read().split()
+        except OSError:
+            return False
+        for child in children:
+            try:
+                with open(f"/proc/{child}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":  # a zombie has exited
+                        return False
+            except (OSError, IndexError):
+                continue  # gone since the list was read
+        return True
+
     def exit_info(self, job_id: int) -> ExitInfo:
         try:
             return ExitInfo(rc=int(json.loads((self.job_dir(job_id) / EXIT_FILE).read_text())["rc"]))
@@ -147,8 +181,9 @@ class LocalLauncher:
             return ExitInfo(rc=None)
 
     def forget(self, pid: int | None) -> None:
-        if pid is not None:
-            self._children.pop(pid, None)
+        """Stop tracking ``pid``; one of our children that still runs is reaped when it exits."""
+        if pid is not None and self._children.pop(pid, None) == -1:
+            self._lingering.add(pid)
 
     def kill(self, pid: int | None) -> None:
         """SIGKILL the task's whole session (supervisor and task)."""
@@ -166,6 +201,13 @@ class LocalLauncher:
         tmp.write_text(json.dumps(notice))
         os.replace(tmp, path)
         return path
+
+
+def _recorded_pid(job_dir: Path) -> int | None:
+    try:
+        return int(json.loads((job_dir / PID_FILE).read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _child_main(workload: ExecuteTask, job_dir: Path, env: dict[str, str]) -> None:  # pragma: no cover
@@ -195,6 +237,9 @@ def _child_main(workload: ExecuteTask, job_dir: Path, env: dict[str, str]) -> No
         rc = 1
     finally:
         try:
-            (job_dir / EXIT_FILE).write_text(json.dumps({"rc": rc}))
+            # The job may have been settled without us (task_exited) and launched again since: its
+            # files belong to the new process then.
+            if _recorded_pid(job_dir) in (None, os.getpid()):
+                (job_dir / EXIT_FILE).write_text(json.dumps({"rc": rc}))
         finally:
             os._exit(rc if 0 <= rc < 256 else 1)

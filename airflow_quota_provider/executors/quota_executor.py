@@ -72,6 +72,19 @@ if TYPE_CHECKING:
 
     from airflow.executors.workloads import ExecutorWorkload
 
+# Task instance states in which a try's task process has said its last word.
+TRY_ENDED = frozenset(
+    {
+        TaskInstanceState.SUCCESS,
+        TaskInstanceState.FAILED,
+        TaskInstanceState.UP_FOR_RETRY,
+        TaskInstanceState.UP_FOR_RESCHEDULE,
+        TaskInstanceState.DEFERRED,
+        TaskInstanceState.SKIPPED,
+        TaskInstanceState.REMOVED,
+        TaskInstanceState.UPSTREAM_FAILED,
+    }
+)
 # A stopping task whose supervisor has not ended it this long after its state was changed is killed.
 FORCE_KILL_AFTER_S = 60.0
 KEEPALIVE_EVERY_S = 5.0
@@ -410,13 +423,24 @@ class QuotaExecutor(BaseExecutor):
             select(QuotaJob).where(QuotaJob.state.in_([JobState.RUNNING.value, JobState.STOPPING.value]))
         ).all()
         for job in jobs:
-            if job.pid is None or self.launcher.alive(job.id, job.pid):
+            if job.pid is None:
                 continue
+            if self.launcher.alive(job.id, job.pid):
+                # Its task process may be gone while the supervisor is still finishing: once the task
+                # has reported how this try ended, its GPUs are free.
+                if not self.launcher.task_exited(job.pid):
+                    continue
+                ti_state = self._ti_state(job, session)
+                if ti_state not in TRY_ENDED:
+                    continue  # not started yet, or ended without a word: wait for the supervisor
+                ended = f"task process ended, task {ti_state}"
+            else:
+                ti_state = self._ti_state(job, session)
+                rc = self.launcher.exit_info(job.id).rc
+                ended = f"exit code {rc}" if rc is not None else None
             changed = True
-            exit_info = self.launcher.exit_info(job.id)
             self.launcher.forget(job.pid)
             release_devices(job, session=session)
-            ti_state = self._ti_state(job, session)
             now = time.time()
             if job.state == JobState.STOPPING.value and job.preempt_fail_message:
                 self._fail_ti(job, job.preempt_fail_message, session, from_states=None)
@@ -448,11 +472,11 @@ class QuotaExecutor(BaseExecutor):
                 job.pending_reason = f"preempted ({job.preempt_reason}); waiting to be queued again"
             else:
                 job.state, job.finished_at = JobState.FINISHED.value, now
-                job.message = f"exit code {exit_info.rc}" if exit_info.rc is not None else "process killed"
+                job.message = ended or "process killed"
                 record_event(EventKind.FINISHED, job=job, session=session, message=job.message)
                 key = _key(job)
                 self.running.add(key)  # change_state removes it
-                if exit_info.rc is None:
+                if ended is None:
                     self.fail(key, info="QuotaExecutor: the task process was killed")
                 else:
                     self.success(key)

@@ -1,12 +1,17 @@
-"""Device inventory of the local launcher and the split of devices among job queues."""
+"""Device inventory of the local launcher, the split of devices among job queues, and how the
+launcher tells that a task's process has ended."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
-from airflow_quota_provider.executors.local_launcher import discover_devices
+from airflow_quota_provider.executors.local_launcher import LocalLauncher, discover_devices
 from airflow_quota_provider.executors.quota_executor import QuotaConfigError, load_config
 
 
@@ -61,3 +66,29 @@ def test_a_bad_field_is_named(tmp_path):
 def test_an_unset_quota_file_is_refused():
     with pytest.raises(QuotaConfigError, match=r"\[quota\] quota_file: not set"):
         load_config("", ["0"])
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_the_task_process_is_seen_gone_while_its_supervisor_still_lingers(tmp_path):
+    # Like Airflow's supervisor that has not yet noticed its task's exit: the child is a zombie.
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, time; c = subprocess.Popen(['sleep', '1']); "
+         "print(c.pid, flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        child = int(supervisor.stdout.readline())
+        launcher = LocalLauncher(tmp_path)
+        assert not launcher.task_exited(supervisor.pid)
+        deadline = time.monotonic() + 20
+        while _state(child) != "Z":
+            assert time.monotonic() < deadline, "the task process never exited"
+            time.sleep(0.05)
+        assert supervisor.poll() is None
+        assert launcher.task_exited(supervisor.pid)
+    finally:
+        supervisor.kill()
+        supervisor.wait()
