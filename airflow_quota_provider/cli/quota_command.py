@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import getpass
 import json
 from typing import Any
 
@@ -114,7 +115,7 @@ def set_priority(args) -> None:
         try:
             job: QuotaJob = set_job_priority(
                 args.dag_id, args.run_id, args.task_id, args.priority, map_index=args.map_index,
-                quota_file=quota_file, session=session,
+                quota_file=quota_file, by=f"{getpass.getuser()} (CLI)", session=session,
             )
         except (JobNotFound, ValueError) as e:
             raise SystemExit(f"Error: {e}")

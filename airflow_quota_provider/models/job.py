@@ -306,13 +306,15 @@ def set_priority(
     *,
     map_index: int = -1,
     quota_file: QuotaFile | None = None,
+    by: str | None = None,
     session: Session,
 ) -> QuotaJob:
     """Change the priority of a task instance's active job; the next scheduling cycle uses it.
 
-    The CLI and the REST API both come here. Raises :class:`JobNotFound` when the task instance has
-    no active job, and :class:`ValueError` naming ``priority`` when it is above the ``max_priority``
-    of the job's quota in ``quota_file`` (a quota the file no longer has sets no cap).
+    The CLI and the REST API both come here, saying ``by`` whom (written to the audit event). Raises
+    :class:`JobNotFound` when the task instance has no active job, and :class:`ValueError` naming
+    ``priority`` when it is above the ``max_priority`` of the job's quota in ``quota_file`` (a quota
+    the file no longer has sets no cap).
     """
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ValueError(f"priority: {priority!r} is not an integer")
@@ -329,9 +331,8 @@ def set_priority(
         )
     old = job.priority
     job.priority = priority
-    record_event(
-        EventKind.PRIORITY_CHANGED, job=job, session=session, message=f"priority {old} -> {priority}"
-    )
+    message = f"priority {old} -> {priority}" + (f" by {by}" if by else "")
+    record_event(EventKind.PRIORITY_CHANGED, job=job, session=session, message=message)
     session.flush()
     return job
 

@@ -90,7 +90,9 @@ def patch_job(
     if not get_auth_manager().is_authorized_pool(method="PUT", details=PoolDetails(name=job.quota), user=user):
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"Forbidden: no edit access to pool {job.quota!r}")
     try:
-        return services.change_priority(job_id, body.priority, quota_file, session=session)
+        return services.change_priority(
+            job_id, body.priority, quota_file, by=f"{user.get_name()} (REST API)", session=session
+        )
     except (services.Conflict, JobNotFound) as e:
         raise HTTPException(status.HTTP_409_CONFLICT, str(e))
     except ValueError as e:

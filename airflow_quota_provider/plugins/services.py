@@ -249,9 +249,11 @@ def get_job(job_id: str, *, session: Session) -> QuotaJob:
     return job
 
 
-def change_priority(job_id: str, priority: int, quota_file: QuotaFile, *, session: Session) -> JobResponse:
+def change_priority(
+    job_id: str, priority: int, quota_file: QuotaFile, *, by: str, session: Session
+) -> JobResponse:
     """Set a waiting or running job's priority through :func:`~airflow_quota_provider.models.job.set_priority`
-    (which checks ``max_priority`` and writes the ``priority_changed`` audit event)."""
+    (which checks ``max_priority`` and writes the ``priority_changed`` audit event, naming ``by``)."""
     job = get_job(job_id, session=session)
     if job.state not in {s.value for s in JobState.active()}:
         raise Conflict(
@@ -259,7 +261,8 @@ def change_priority(job_id: str, priority: int, quota_file: QuotaFile, *, sessio
             "change priority"
         )
     changed = set_priority(
-        job.dag_id, job.run_id, job.task_id, priority, map_index=job.map_index, quota_file=quota_file, session=session
+        job.dag_id, job.run_id, job.task_id, priority, map_index=job.map_index, quota_file=quota_file, by=by,
+        session=session,
     )
     if changed.id != job.id:  # an older try of the task instance: the active job is a newer one
         raise Conflict(f"job {job.job_id} is superseded by job {changed.job_id} of the same task instance")

@@ -48,10 +48,10 @@ def _job(session, task_id: str, state: JobState = JobState.PENDING, **kw) -> Quo
 
 def test_set_priority_changes_a_waiting_job_and_records_it(session):
     job = _job(session, "waiting_job")
-    set_priority("dag", "run", "waiting_job", 70, session=session)
+    set_priority("dag", "run", "waiting_job", 70, by="alice (CLI)", session=session)
     assert job.priority == 70
     events = explain("dag", "run", "waiting_job", session=session)["events"]
-    assert [(e["kind"], e["message"]) for e in events] == [("priority_changed", "priority 5 -> 70")]
+    assert [(e["kind"], e["message"]) for e in events] == [("priority_changed", "priority 5 -> 70 by alice (CLI)")]
 
 
 def test_set_priority_above_max_priority_names_the_field(session):

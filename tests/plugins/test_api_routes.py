@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import getpass
+
 import pytest
 
 from airflow_quota_provider.get_provider_info import get_provider_info
@@ -149,7 +151,7 @@ def test_patch_priority_changes_the_row_and_writes_an_audit_event(server):
     status, events = server.request("GET", f"/quota/api/events?kind=priority_changed&job_id={job_id}", user="viewer")
     assert status == 200
     (event,) = events["events"]
-    assert (event["quota"], event["task_id"], event["message"]) == ("team-a", "patch_priority_ok", "priority 20 -> 90")
+    assert (event["quota"], event["task_id"], event["message"]) == ("team-a", "patch_priority_ok", "priority 20 -> 90 by op (REST API)")
 
 
 def test_a_priority_above_the_quotas_max_priority_is_refused_naming_it(server):
@@ -196,7 +198,7 @@ def test_the_cli_and_the_api_change_priorities_through_the_same_function(server)
 
     assert _priority(server, job_id) == 60
     _, events = server.request("GET", f"/quota/api/events?kind=priority_changed&job_id={job_id}", user="viewer")
-    assert [e["message"] for e in events["events"]] == ["priority 20 -> 60"]
+    assert [e["message"] for e in events["events"]] == [f"priority 20 -> 60 by {getpass.getuser()} (CLI)"]
     assert status == 400 and refused.returncode != 0
     assert api_refusal["detail"] in refused.stderr + refused.stdout
 
