@@ -1,19 +1,22 @@
 """Local GPU launcher: the device inventory, and one forked process per admitted task.
 
 Each task runs in its own session (``setsid``) so that it outlives a scheduler that dies: a restarted
-scheduler re-adopts it from the job's files. The forked child writes ``pid`` when it starts and
-``exit`` when the Airflow task supervisor returns; a process that vanishes without ``exit`` was
-killed.
+scheduler re-adopts it from the job's files. The launcher writes ``pid`` when it forks the child,
+and the child writes ``exit-PID`` when the Airflow task supervisor returns; a process that vanishes
+without its exit file was killed.
 
 The forked child is the Airflow task supervisor, and the task runs in the supervisor's own child
 process. The supervisor may notice that child's exit up to ``[workers] min_heartbeat_interval``
 (5 s) late: when the task's sockets reach EOF a moment before the kernel reports its exit, it
 sleeps a full heartbeat interval before looking again. :meth:`LocalLauncher.task_exited` sees the
-exit at once, so that the GPUs are not held idle meanwhile.
+exit at once, so that the GPUs are not held idle meanwhile. The supervisor is made a child
+subreaper, so that processes the task started (a training command in a session of its own, say)
+stay its descendants after the task exits: the GPUs are free only when all of them are gone.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import logging
@@ -32,8 +35,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PID_FILE = "pid"
-EXIT_FILE = "exit"
+EXIT_FILE = "exit-{pid}"  # one per launch: a supervisor still finishing never writes a newer launch's
 PREEMPT_FILE = "preempt.json"
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def discover_devices(devices: str, virtual_gpus: int) -> tuple[list[str], str]:
@@ -74,12 +78,18 @@ class ExitInfo:
     rc: int | None
 
 
-def _proc_start_time(pid: int) -> str | None:
+def _stat_field(pid: int | str, index: int) -> str | None:
+    """Field ``index`` after the command name of ``/proc/PID/stat`` (0: state, 19: start time), or
+    None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            return f.read().rsplit(")", 1)[1].split()[index]
     except (OSError, IndexError):
         return None
+
+
+def _proc_start_time(pid: int) -> str | None:
+    return _stat_field(pid, 19)
 
 
 class LocalLauncher:
@@ -102,8 +112,8 @@ class LocalLauncher:
         """Fork a child that runs the Airflow task supervisor for ``workload`` with ``env`` set."""
         job_dir = self.job_dir(job_id)
         job_dir.mkdir(parents=True, exist_ok=True)
-        for name in (PID_FILE, EXIT_FILE, PREEMPT_FILE):
-            (job_dir / name).unlink(missing_ok=True)
+        for path in (job_dir / PID_FILE, job_dir / PREEMPT_FILE, *job_dir.glob(EXIT_FILE.format(pid="*"))):
+            path.unlink(missing_ok=True)
         sys.stdout.flush()
         sys.stderr.flush()
         # Like LocalExecutor: freeze the GC across the fork so that the child's collections do not
@@ -155,28 +165,21 @@ class LocalLauncher:
         return recorded.get("start") in (None, start)
 
     def task_exited(self, pid: int) -> bool:
-        """Whether the supervisor ``pid`` has no live child process: its task has exited (or has not
-        started yet: the caller tells the two apart by the task instance's state).
+        """Whether the supervisor ``pid`` has no live descendant: its task and everything the task
+        started have exited (or the task has not started yet: the caller tells the two apart by the
+        task instance's state). A subreaper, the supervisor adopts what its task leaves behind.
 
         False where the kernel does not list children (``/proc/PID/task/PID/children``).
         """
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                children = f.read().split()
-        except OSError:
+        children = _children(pid)
+        if children is None:
             return False
-        for child in children:
-            try:
-                with open(f"/proc/{child}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":  # a zombie has exited
-                        return False
-            except (OSError, IndexError):
-                continue  # gone since the list was read
-        return True
+        return all(_stat_field(child, 0) in (None, "Z") for child in children)  # a zombie has exited
 
-    def exit_info(self, job_id: int) -> ExitInfo:
+    def exit_info(self, job_id: int, pid: int) -> ExitInfo:
+        path = self.job_dir(job_id) / EXIT_FILE.format(pid=pid)
         try:
-            return ExitInfo(rc=int(json.loads((self.job_dir(job_id) / EXIT_FILE).read_text())["rc"]))
+            return ExitInfo(rc=int(json.loads(path.read_text())["rc"]))
         except (OSError, ValueError, KeyError):
             return ExitInfo(rc=None)
 
@@ -186,13 +189,19 @@ class LocalLauncher:
             self._lingering.add(pid)
 
     def kill(self, pid: int | None) -> None:
-        """SIGKILL the task's whole session (supervisor and task)."""
+        """SIGKILL the supervisor ``pid`` and every descendant (the task runs in a process group of
+        its own, and what it starts may be in sessions of their own), children first."""
         if pid is None:
             return
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        tree, index = [pid], 0
+        while index < len(tree):  # collected before any is killed: orphans would leave the tree
+            tree.extend(int(child) for child in _children(tree[index]) or ())
+            index += 1
+        for member in reversed(tree):
+            try:
+                os.kill(member, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def write_preempt_notice(self, job_id: int, notice: dict) -> Path:
         path = self.preempt_file(job_id)
@@ -203,17 +212,27 @@ class LocalLauncher:
         return path
 
 
-def _recorded_pid(job_dir: Path) -> int | None:
+def _children(pid: int) -> list[str] | None:
     try:
-        return int(json.loads((job_dir / PID_FILE).read_text())["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return f.read().split()
+    except OSError:
         return None
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants of this process are re-parented to it rather than to init (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: task_exited then sees only the task itself
 
 
 def _child_main(workload: ExecuteTask, job_dir: Path, env: dict[str, str]) -> None:  # pragma: no cover
     rc = 1
     try:
         os.setsid()
+        become_subreaper()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         try:
@@ -237,9 +256,6 @@ def _child_main(workload: ExecuteTask, job_dir: Path, env: dict[str, str]) -> No
         rc = 1
     finally:
         try:
-            # The job may have been settled without us (task_exited) and launched again since: its
-            # files belong to the new process then.
-            if _recorded_pid(job_dir) in (None, os.getpid()):
-                (job_dir / EXIT_FILE).write_text(json.dumps({"rc": rc}))
+            (job_dir / EXIT_FILE.format(pid=os.getpid())).write_text(json.dumps({"rc": rc}))
         finally:
             os._exit(rc if 0 <= rc < 256 else 1)

@@ -431,12 +431,14 @@ class QuotaExecutor(BaseExecutor):
                 if not self.launcher.task_exited(job.pid):
                     continue
                 ti_state = self._ti_state(job, session)
-                if ti_state not in TRY_ENDED:
-                    continue  # not started yet, or ended without a word: wait for the supervisor
+                # Not started yet, or ended without a word (wait for the supervisor); asked again
+                # after the state, in case the task started and ended in between.
+                if ti_state not in TRY_ENDED or not self.launcher.task_exited(job.pid):
+                    continue
                 ended = f"task process ended, task {ti_state}"
             else:
                 ti_state = self._ti_state(job, session)
-                rc = self.launcher.exit_info(job.id).rc
+                rc = self.launcher.exit_info(job.id, job.pid).rc
                 ended = f"exit code {rc}" if rc is not None else None
             changed = True
             self.launcher.forget(job.pid)

@@ -69,26 +69,80 @@ def test_an_unset_quota_file_is_refused():
 
 
 def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+def _wait_until(condition, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _supervisor(task: str) -> subprocess.Popen:
+    """A stand-in for the launcher's forked child: a subreaper that starts ``task`` (Python code)
+    as its child, never reaps it, and lingers, as Airflow's supervisor may."""
+    code = (
+        "import subprocess, sys, time\n"
+        "from airflow_quota_provider.executors.local_launcher import become_subreaper\n"
+        "become_subreaper()\n"
+        f"c = subprocess.Popen([sys.executable, '-c', {task!r}])\n"
+        "print(c.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
 
 def test_the_task_process_is_seen_gone_while_its_supervisor_still_lingers(tmp_path):
-    # Like Airflow's supervisor that has not yet noticed its task's exit: the child is a zombie.
-    supervisor = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, time; c = subprocess.Popen(['sleep', '1']); "
-         "print(c.pid, flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
-    )
+    supervisor = _supervisor("import time; time.sleep(1)")
     try:
-        child = int(supervisor.stdout.readline())
+        task = int(supervisor.stdout.readline())
         launcher = LocalLauncher(tmp_path)
         assert not launcher.task_exited(supervisor.pid)
-        deadline = time.monotonic() + 20
-        while _state(child) != "Z":
-            assert time.monotonic() < deadline, "the task process never exited"
-            time.sleep(0.05)
+        _wait_until(lambda: _state(task) == "Z", "the task process to exit")
         assert supervisor.poll() is None
         assert launcher.task_exited(supervisor.pid)
     finally:
         supervisor.kill()
         supervisor.wait()
+
+
+LEAVES_A_PROCESS_BEHIND = (
+    "import subprocess, sys; "
+    "p = subprocess.Popen(['sleep', '{seconds}'], start_new_session=True); print(p.pid, flush=True)"
+)
+
+
+def test_the_gpus_stay_taken_while_a_process_the_task_started_outlives_it(tmp_path):
+    supervisor = _supervisor(LEAVES_A_PROCESS_BEHIND.format(seconds=3))
+    try:
+        task = int(supervisor.stdout.readline())
+        left = int(supervisor.stdout.readline())
+        launcher = LocalLauncher(tmp_path)
+        _wait_until(lambda: _state(task) in ("Z", "gone"), "the task process to exit")
+        assert _state(left) not in ("Z", "gone")
+        assert not launcher.task_exited(supervisor.pid), "adopted by the supervisor: still counted"
+        _wait_until(lambda: launcher.task_exited(supervisor.pid), "what the task left behind to exit")
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+
+
+def test_kill_reaches_what_the_task_started_in_a_session_of_its_own(tmp_path):
+    supervisor = _supervisor(LEAVES_A_PROCESS_BEHIND.format(seconds=60) + "; import time; time.sleep(60)")
+    task = int(supervisor.stdout.readline())
+    left = int(supervisor.stdout.readline())
+    LocalLauncher(tmp_path).kill(supervisor.pid)
+    supervisor.wait(timeout=20)
+    _wait_until(lambda: _state(task) in ("Z", "gone") and _state(left) in ("Z", "gone"), "the whole tree to die")
+
+
+def test_an_exit_code_belongs_to_the_launch_that_wrote_it(tmp_path):
+    launcher = LocalLauncher(tmp_path)
+    launcher.job_dir(7).mkdir(parents=True)
+    (launcher.job_dir(7) / "exit-100").write_text('{"rc": 0}')  # a supervisor that finished late
+    assert launcher.exit_info(7, 100).rc == 0
+    assert launcher.exit_info(7, 200).rc is None, "the newer launch was killed: no exit code of its own"
