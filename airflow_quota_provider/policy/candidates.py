@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from airflow_quota_provider.policy.capacity import Usage
 from airflow_quota_provider.policy.config import Quota
-from airflow_quota_provider.policy.ordering import victim_order
+from airflow_quota_provider.policy.ordering import entry_key, victim_order
 from airflow_quota_provider.policy.preemption_policy import (
     NOBODY,
     borrow_within_ceiling,
@@ -52,7 +52,7 @@ class Candidates:
                     self._running.setdefault(job.quota, []).append(job)
             quota, now = self._quotas[name], self._now
             entries = [(victim_order(job, now), job) for job in self._running.get(name, ()) if may_be_preempted(job, quota, now)]
-            entries.sort(key=_key)
+            entries.sort(key=entry_key)
             self._sorted[name] = entries
         return entries
 
@@ -145,7 +145,3 @@ class Candidates:
             if candidate.id in self.taken or not within_quota_allows(policy.within_quota, preemptor, candidate):
                 continue
             yield candidate, WITHIN_QUOTA
-
-
-def _key(entry: tuple[tuple, Job]) -> tuple:
-    return entry[0]

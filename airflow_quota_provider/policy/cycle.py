@@ -28,12 +28,12 @@ import heapq
 from bisect import bisect_right
 from collections import defaultdict
 
-from airflow_quota_provider.policy.backlog import Backlog, Entry
+from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.candidates import Candidates
 from airflow_quota_provider.policy.capacity import Usage, ever_fits
 from airflow_quota_provider.policy.config import Quota
 from airflow_quota_provider.policy.decision import Decision, Pending, Preemption, Rejection
-from airflow_quota_provider.policy.ordering import queue_order
+from airflow_quota_provider.policy.ordering import entry_key, queue_order
 from airflow_quota_provider.policy.preemption import find_victims, search_phases
 from airflow_quota_provider.policy.preemption_policy import effective_max_preemptions, limit_reached, may_preempt
 from airflow_quota_provider.policy.reasons import Explainer
@@ -131,7 +131,7 @@ class _Cycle:
                 if reason is not None:
                     rejected.append((key, Rejection(job.id, reason)))
                     self.handled.add(job.id)
-        self.decision.reject = [rejection for _, rejection in sorted(rejected, key=_entry_key)]
+        self.decision.reject = [rejection for _, rejection in sorted(rejected, key=entry_key)]
 
     # -- placing one job ------------------------------------------------------------------------
 
@@ -174,7 +174,7 @@ class _Cycle:
         epoch changes: a job no larger than the quota's smallest failed both since the last change
         (fitting and the search are monotone in GPUs and, in queue order, in priority)."""
         if not borrow and self.usage.used[name] >= self.quotas[name].capacity:
-            return True  # _place's first test, for every job of the quota
+            return True  # neither fits within its capacity nor may search phase 1: borrowing pass
         smallest = self.backlog.smallest(name)
         if not self._failed_at_most(self._fit_failed, name, borrow, smallest):
             return False
@@ -183,8 +183,6 @@ class _Cycle:
     def _place(self, job: Job, *, borrow: bool) -> bool:
         """Start, hold or preempt for ``job``; False when it has to wait."""
         quota = self.quotas[job.quota]
-        if not borrow and self.usage.used[job.quota] >= quota.capacity:
-            return False  # neither fits within its capacity nor may search phase 1: borrowing pass
         if not self._failed_at_most(self._fit_failed, job.quota, borrow, job.gpus):
             if self.usage.fits(job.quota, job.gpus, borrow=borrow):
                 self._hold(job, [])  # starts now unless stopping victims still hold the GPUs
@@ -248,7 +246,7 @@ class _Cycle:
                 epoch = self.epoch
                 for other in closed:
                     entries = backlog.entries(other)
-                    index = bisect_right(entries, key, key=_entry_key)
+                    index = bisect_right(entries, key, key=entry_key)
                     if index < len(entries):
                         heapq.heappush(heap, (entries[index][0], other, index))
                 closed.clear()
@@ -300,10 +298,6 @@ class _Cycle:
                 quota = self.quotas[job.quota]
                 reason = explainer.waiting(job, searched=may_preempt(job, quota, self.now))
             self.decision.pending.append(Pending(job.id, positions[job.quota], reason))
-
-
-def _entry_key(entry: Entry | tuple) -> tuple:
-    return entry[0]
 
 
 def _rules_allow_victims(quota: Quota) -> dict[bool, bool]:

@@ -26,3 +26,8 @@ def victim_order(job: Job, now: float) -> tuple:
     started = job.started_at if job.started_at is not None else now
     since = job.last_checkpoint_at if job.last_checkpoint_at is not None else started
     return (job.priority, -started, job.gpus * max(0.0, now - since), job.id)
+
+
+def entry_key(entry: tuple[tuple, Job]) -> tuple:
+    """The key of a ``(key, job)`` entry of a list sorted by one of these orders."""
+    return entry[0]
