@@ -493,14 +493,20 @@ class QuotaExecutor(BaseExecutor):
             TaskInstanceState.QUEUED,
             TaskInstanceState.SCHEDULED,
         ]
+        where = [*_ti_filter(job), TaskInstance.state.in_(states)]
+        self._mark_failed(where, _key(job), job.ti_label(), message, session)
+
+    def _mark_failed(self, where: list, key: TaskInstanceKey, label: object, message: str, session: Session) -> None:
+        """Set the task instance matched by ``where`` to failed and leave ``message`` in Airflow's
+        log table (``quota failed``) and in the scheduler's log."""
         session.execute(
             update(TaskInstance)
-            .where(*_ti_filter(job), TaskInstance.state.in_(states))
+            .where(*where)
             .values(state=TaskInstanceState.FAILED, end_date=datetime.now(timezone.utc))
             .execution_options(synchronize_session=False)
         )
-        session.add(Log(event="quota failed", task_instance=_key(job), extra=message))
-        self.log.error("Task %s failed: %s", job.ti_label(), message)
+        session.add(Log(event="quota failed", task_instance=key, extra=message))
+        self.log.error("Task %s failed: %s", label, message)
 
     def _fail_tasks_on_missing_pools(self, session: Session) -> bool:
         """Fail our tasks whose pool is neither a quota nor an Airflow pool.
@@ -528,14 +534,8 @@ class QuotaExecutor(BaseExecutor):
                 f"pool: {ti.pool!r} is not one of the quotas {quotas} (nor an Airflow pool), "
                 "so this task could never be queued"
             )
-            session.execute(
-                update(TaskInstance)
-                .where(TaskInstance.id == ti.id, TaskInstance.state == TaskInstanceState.SCHEDULED)
-                .values(state=TaskInstanceState.FAILED, end_date=datetime.now(timezone.utc))
-                .execution_options(synchronize_session=False)
-            )
-            session.add(Log(event="quota failed", task_instance=ti.key, extra=message))
-            self.log.error("Task %s failed: %s", ti.key, message)
+            where = [TaskInstance.id == ti.id, TaskInstance.state == TaskInstanceState.SCHEDULED]
+            self._mark_failed(where, ti.key, ti.key, message, session)
         return bool(tis)
 
     def _enforce_deadlines(self, session: Session) -> bool:
