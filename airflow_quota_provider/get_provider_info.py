@@ -91,6 +91,21 @@ def get_provider_info():
                         "example": "/var/lib/airflow/quota",
                         "default": "",
                     },
+                    "checkpoint_root": {
+                        "description": "Where quota tasks keep their checkpoints, so that a run "
+                        "rescheduled onto another GPU host resumes from them: a task instance's "
+                        "directory is <checkpoint_root>/<dag_id>/<run_id>/<task_id>[/<map_index>]. An "
+                        "absolute path or a file:// URL (shared storage) is used in place; an object-store "
+                        "URL (s3://bucket/prefix, s3://conn_id@bucket/prefix, or any scheme "
+                        "ObjectStoragePath knows) is synced: the newest checkpoint is downloaded before the "
+                        "command starts and new ones are uploaded when it exits. Empty: "
+                        "[quota] state_dir/checkpoints on each worker's own disk. A task's checkpoint_dir "
+                        "overrides it.",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "s3://ml-checkpoints/airflow",
+                        "default": "",
+                    },
                     "default_quota": {
                         "description": "Quota of a task whose pool is not a quota name and whose "
                         "executor_config has no quota (empty: such a task fails with a clear message).",

@@ -25,6 +25,24 @@ goes to ``UP_FOR_RESCHEDULE`` and runs again with the same ``try_number`` (no re
 Verified in Airflow 3.3.2: the Task SDK runner maps that exception to a ``RescheduleTask`` message
 for any operator, not only sensors, and the scheduler does not increment ``try_number`` for a task
 instance that was ``UP_FOR_RESCHEDULE``.
+
+Checkpoints follow the job. A rescheduled run may start on another GPU host, so its checkpoint
+directory must be shared. ``[quota] checkpoint_root`` (empty by default) names where the
+checkpoint directories of all task instances live; a task instance's is
+``<checkpoint_root>/<dag_id>/<run_id>/<task_id>[/<map_index>]``. Without it the directory is
+``[quota] state_dir/checkpoints/...`` on the worker's own disk. The root, like a task's
+``checkpoint_dir``, is a local path, a ``file://`` URL or any URL that Airflow's
+``ObjectStoragePath`` reads (``s3://bucket/ckpt``, ``s3://conn_id@bucket/ckpt``, ``gs://...``):
+
+- a local path or ``file://`` URL (a shared mount: NFS, Lustre, EFS...) is used directly: the
+  command reads and writes ``QUOTA_CHECKPOINT_DIR`` = that directory;
+- an object store is mirrored (:class:`CheckpointSync`): before the command starts, the newest
+  checkpoint in the store is downloaded into a fresh local working directory under
+  ``[quota] state_dir/checkpoint-sync/``, which is ``QUOTA_CHECKPOINT_DIR``, and
+  ``QUOTA_RESUME_FROM`` names that local copy; after the command exits, whether it succeeded,
+  failed or was preempted, the checkpoints it wrote there are uploaded (after a preemption only the
+  newest one, within what is left of the grace period) and the working directory is removed.
+  Checkpoints reach the store only when the command has exited.
 """
 
 from __future__ import annotations
@@ -34,8 +52,10 @@ import ctypes
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -43,12 +63,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowRescheduleException
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.sdk import Context, ObjectStoragePath
 
 #: Environment the executor sets for the task process.
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -72,6 +93,10 @@ POLL_INTERVAL_S = 0.5
 #: Stop this long before the executor's deadline, so the task still reports the reschedule itself.
 DEADLINE_MARGIN_S = 1.0
 HANDLED_SUFFIX = ".handled"
+#: Checkpoint names ending so (or starting with ``.``) are writes in progress, never resumed from.
+IN_PROGRESS_SUFFIXES = (".tmp", ".partial")
+#: URL schemes of the local filesystem: such a checkpoint root is used in place, not synced.
+LOCAL_SCHEMES = ("file", "local")
 
 _QUOTA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _PR_SET_PDEATHSIG = 1
@@ -266,26 +291,43 @@ def _epoch_seconds(value: Any) -> float | None:
         with contextlib.suppress(ValueError):
             return float(value)
         with contextlib.suppress(ValueError):
-            parsed = datetime.fromisoformat(value)
-            if parsed.tzinfo is None:
-                parsed = parsed.replace(tzinfo=timezone.utc)
-            return parsed.timestamp()
+            value = datetime.fromisoformat(value)
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
     return None
 
 
-def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
+def _is_checkpoint_name(name: str) -> bool:
+    return bool(name) and not name.startswith(".") and not name.endswith(IN_PROGRESS_SUFFIXES)
+
+
+def latest_checkpoint(checkpoint_dir: Path | ObjectStoragePath | str) -> Path | ObjectStoragePath | None:
     """
     The newest checkpoint in ``checkpoint_dir``: the entry modified last, ties broken by name.
 
-    Names starting with ``.`` or ending in ``.tmp``/``.partial`` are in-progress writes and are
-    ignored; scripts should write a temporary name and ``os.replace`` it into place.
+    An entry is a file or a directory directly in ``checkpoint_dir``. Names starting with ``.`` or
+    ending in ``.tmp``/``.partial`` are in-progress writes and are ignored; scripts should write a
+    temporary name and ``os.replace`` it into place.
+
+    ``checkpoint_dir`` is a local path, or a URL as :func:`checkpoint_location` reads it (a
+    ``file://`` URL is a local path). In an object store, an entry's modification time is the time
+    the store says its object was last written (S3 ``LastModified``, GCS ``updated``, Azure
+    ``last_modified``, else the filesystem's ``modified()``), that is, when it was uploaded, not when
+    the command wrote it; a directory entry (a prefix) is as new as its newest object. Stores keep
+    these times to the second or so, and :class:`CheckpointSync` uploads a run's checkpoints oldest
+    first, so a run's checkpoints keep their order unless several land in one tick, where the name
+    decides: name checkpoints so that they sort in the order they are written (``ckpt-00000150.pt``).
+    Returns a ``Path`` for a local directory, an ``ObjectStoragePath`` for an object store.
     """
+    location = checkpoint_dir if isinstance(checkpoint_dir, Path) else checkpoint_location(checkpoint_dir)
+    if not isinstance(location, Path):
+        entries = _store_entries(location)
+        if not entries:
+            return None
+        name = max(entries, key=lambda n: (entries[n].mtime, n))
+        return location / name
     try:
-        entries = [
-            p
-            for p in checkpoint_dir.iterdir()
-            if not p.name.startswith(".") and not p.name.endswith((".tmp", ".partial"))
-        ]
+        entries = [p for p in location.iterdir() if _is_checkpoint_name(p.name)]
     except FileNotFoundError:
         return None
     if not entries:
@@ -293,18 +335,220 @@ def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
     return max(entries, key=lambda p: (p.stat().st_mtime_ns, p.name))
 
 
-def _default_checkpoint_dir(context: Context) -> Path:
-    from airflow.sdk.configuration import conf
+def checkpoint_location(
+    spec: str | os.PathLike | ObjectStoragePath, *, field_name: str = "checkpoint_dir"
+) -> Path | ObjectStoragePath:
+    """
+    Where checkpoints live: a ``Path`` for a local path or a ``file://`` URL, else an ``ObjectStoragePath``.
 
-    root = conf.get("quota", "state_dir", fallback="") or os.path.join(
-        os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow"), "quota"
-    )
+    ``spec`` is a path or a URL (``s3://bucket/prefix``; ``s3://conn_id@bucket/prefix`` names the
+    Airflow connection, as ``ObjectStoragePath`` reads it). ``field_name`` names the setting in errors.
+    """
+    from airflow.sdk import ObjectStoragePath
+
+    if isinstance(spec, ObjectStoragePath):
+        return Path(spec.path) if spec.protocol in ("", *LOCAL_SCHEMES) else spec
+    text = os.fspath(spec) if isinstance(spec, str | os.PathLike) else None
+    if not isinstance(text, str) or not text.strip():
+        raise QuotaTaskArgumentError(field_name, f"{spec!r} is not a path or a URL")
+    if not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
+        return Path(text)
+    url = urlsplit(text)
+    if url.scheme.lower() in LOCAL_SCHEMES:
+        if url.netloc not in ("", "localhost") or not url.path.startswith("/"):
+            raise QuotaTaskArgumentError(
+                field_name, f"{text!r} is not a local file URL; write file:///absolute/path"
+            )
+        return Path(unquote(url.path))
+    try:
+        return ObjectStoragePath(text)
+    except ValueError as e:  # universal_pathlib knows no fsspec filesystem for the scheme
+        raise QuotaTaskArgumentError(
+            field_name, f"{text!r}: no filesystem for {url.scheme}:// ({e}); install the package that provides it"
+        ) from e
+
+
+def _safe_component(part: str) -> str:
+    """
+    One path component from a dag, run or task id: characters outside ``[A-Za-z0-9_.+=-]`` become
+    ``_`` (as ever). ``.`` and ``..`` would name this directory or its parent, and an empty part
+    would vanish, so that two task instances would share a directory: they get a ``~`` in front,
+    a character the substitution never leaves, so they cannot collide with any other component.
+    """
+    safe = re.sub(r"[^A-Za-z0-9_.+=-]", "_", part)
+    return f"~{safe}" if safe in ("", ".", "..") else safe
+
+
+def _task_instance_parts(context: Context) -> list[str]:
     ti = context["ti"]
     parts = [ti.dag_id, ti.run_id, ti.task_id]
     if ti.map_index is not None and ti.map_index >= 0:
         parts.append(str(ti.map_index))
-    safe = [re.sub(r"[^A-Za-z0-9_.+=-]", "_", part) for part in parts]
-    return Path(root, "checkpoints", *safe)
+    return [_safe_component(str(part)) for part in parts]
+
+
+def _state_dir() -> str:
+    from airflow.sdk.configuration import conf
+
+    return conf.get("quota", "state_dir", fallback="") or os.path.join(
+        os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow"), "quota"
+    )
+
+
+def _default_checkpoint_dir(context: Context) -> Path | ObjectStoragePath:
+    """
+    ``<[quota] checkpoint_root>/<dag_id>/<run_id>/<task_id>[/<map_index>]``; without a root,
+    ``[quota] state_dir/checkpoints/...`` on this worker's disk.
+    """
+    from airflow.sdk.configuration import conf
+
+    parts = _task_instance_parts(context)
+    root = (conf.get("quota", "checkpoint_root", fallback="") or "").strip()
+    if not root:
+        return Path(_state_dir(), "checkpoints", *parts)
+    location = checkpoint_location(root, field_name="[quota] checkpoint_root")
+    if isinstance(location, Path) and not location.is_absolute():
+        raise QuotaTaskArgumentError(
+            "[quota] checkpoint_root",
+            f"{root!r} is a relative path (each worker would resolve it in its own directory); give an "
+            "absolute path on shared storage, a file:// URL or an object-store URL",
+        )
+    return location.joinpath(*parts)
+
+
+@dataclass(frozen=True)
+class _StoreEntry:
+    mtime: float
+    is_dir: bool
+
+
+def _store_entries(directory: ObjectStoragePath) -> dict[str, _StoreEntry]:
+    """The checkpoint entries directly in ``directory`` of an object store, from one recursive listing."""
+    fs = directory.fs
+    base = fs._strip_protocol(directory.path).rstrip("/")
+    try:
+        found = fs.find(base, withdirs=False, detail=True)
+    except FileNotFoundError:
+        return {}
+    entries: dict[str, _StoreEntry] = {}
+    for path, info in found.items():
+        path = fs._strip_protocol(path)
+        if not path.startswith(f"{base}/"):
+            continue
+        name, _, rest = path[len(base) + 1 :].partition("/")
+        if not _is_checkpoint_name(name):
+            continue
+        mtime = _object_mtime(fs, path, info)
+        known = entries.get(name)
+        entries[name] = _StoreEntry(max(mtime, known.mtime) if known else mtime, bool(rest))
+    return entries
+
+
+def _object_mtime(fs, path: str, info: Mapping[str, Any]) -> float:
+    """When the store last wrote the object at ``path``, in seconds since the epoch (0.0: unknown)."""
+    for key in ("mtime", "LastModified", "last_modified", "updated"):
+        if (seconds := _epoch_seconds(info.get(key))) is not None:
+            return seconds
+    try:
+        return _epoch_seconds(fs.modified(path)) or 0.0
+    except (NotImplementedError, OSError, ValueError, KeyError):
+        return 0.0
+
+
+def _local_signature(path: Path) -> tuple[int, int, int]:
+    """(newest mtime in ns, total size, file count) of a file or a directory tree: what tells a change."""
+    if not path.is_dir():
+        st = path.stat()
+        return st.st_mtime_ns, st.st_size, 1
+    newest, size, count = path.stat().st_mtime_ns, 0, 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            st = os.stat(os.path.join(dirpath, name))
+            newest, size, count = max(newest, st.st_mtime_ns), size + st.st_size, count + 1
+    return newest, size, count
+
+
+class CheckpointSync:
+    """
+    A task instance's checkpoint directory in an object store, mirrored to a local working directory.
+
+    The command only sees ``local``. :meth:`download_latest` fetches the newest checkpoint of the
+    store into it; :meth:`upload_new` uploads what the command added or changed since. Files are
+    uploaded as one object each (a put is atomic in object stores); a directory is uploaded under
+    ``.<name>.partial`` and then moved into place, so that no reader resumes from half of it.
+    """
+
+    def __init__(self, remote: ObjectStoragePath, local: Path) -> None:
+        self.remote = remote
+        self.local = local
+        self.latest: ObjectStoragePath | None = None
+        """The newest checkpoint in the store as this run knows it: downloaded, then last uploaded."""
+        self.checked = False
+        """Whether the store was looked at (by :meth:`download_latest`)."""
+        self._baseline: dict[str, tuple[int, int, int]] = {}
+
+    def _local_entries(self) -> dict[str, Path]:
+        try:
+            return {p.name: p for p in self.local.iterdir() if _is_checkpoint_name(p.name)}
+        except FileNotFoundError:
+            return {}
+
+    def download_latest(self, log) -> Path | None:
+        """Download the store's newest checkpoint into ``local``; return the local copy, or None."""
+        self.local.mkdir(parents=True, exist_ok=True)
+        entries = _store_entries(self.remote)
+        self.checked = True
+        if entries:
+            name = max(entries, key=lambda n: (entries[n].mtime, n))
+            source, target = self.remote / name, self.local / name
+            partial = self.local / f".{name}.partial"
+            started = time.monotonic()
+            fs = self.remote.fs
+            if entries[name].is_dir:
+                fs.get(fs._strip_protocol(source.path), str(partial), recursive=True)
+            else:
+                fs.get_file(fs._strip_protocol(source.path), str(partial))
+            os.replace(partial, target)
+            self.latest = source
+            log.info("Downloaded checkpoint %s to %s in %.1fs", source, target, time.monotonic() - started)
+        self._baseline = {name: _local_signature(p) for name, p in self._local_entries().items()}
+        return latest_checkpoint(self.local) if entries else None
+
+    def upload_new(self, log, *, only_newest: bool = False) -> list[ObjectStoragePath]:
+        """
+        Upload the checkpoints written or changed in ``local`` since the download, oldest first, so
+        that the newest is also the newest in the store; ``only_newest``: that one alone (after a
+        preemption, when the grace period is short). Return what was uploaded.
+        """
+        changed = [
+            p for name, p in self._local_entries().items() if self._baseline.get(name) != _local_signature(p)
+        ]
+        changed.sort(key=lambda p: (_local_signature(p)[0], p.name))
+        if only_newest:
+            changed = changed[-1:]
+        fs = self.remote.fs
+        uploaded = []
+        for path in changed:
+            started = time.monotonic()
+            target = self.remote / path.name
+            if path.is_dir():
+                partial = fs._strip_protocol((self.remote / f".{path.name}.partial").path)
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm(partial, recursive=True)
+                fs.put(str(path), partial, recursive=True)
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm(fs._strip_protocol(target.path), recursive=True)
+                fs.mv(partial, fs._strip_protocol(target.path), recursive=True)
+            else:
+                fs.put_file(str(path), fs._strip_protocol(target.path))
+            self._baseline[path.name] = _local_signature(path)
+            self.latest = target
+            uploaded.append(target)
+            log.info("Uploaded checkpoint %s to %s in %.1fs", path, target, time.monotonic() - started)
+        return uploaded
+
+    def remove_local(self) -> None:
+        shutil.rmtree(self.local, ignore_errors=True)
 
 
 @dataclass
@@ -312,6 +556,10 @@ class QuotaRun:
     """
     One run of a quota task as the task sees it: where to checkpoint, what to resume, and whether
     the executor asked it to stop. A ``@task.quota`` callable receives it as its ``quota`` argument.
+
+    ``checkpoint_dir`` and ``resume_from`` are always local paths; when the checkpoints live in an
+    object store, ``sync`` mirrors ``checkpoint_dir`` to it and ``sync.remote`` is the store's
+    directory (see :class:`CheckpointSync`).
     """
 
     checkpoint_dir: Path
@@ -322,10 +570,16 @@ class QuotaRun:
     cuda_visible_devices: str | None
     job_id: str | None = None
     notice: PreemptionNotice | None = field(default=None, repr=False)
+    sync: CheckpointSync | None = field(default=None, repr=False)
 
     @classmethod
-    def prepare(cls, *, checkpoint_dir: Path, grace_period_s: float | None) -> QuotaRun:
-        """Read the executor's environment and the checkpoint directory (created if missing)."""
+    def prepare(
+        cls, *, checkpoint_dir: Path, grace_period_s: float | None, sync: CheckpointSync | None = None
+    ) -> QuotaRun:
+        """
+        Read the executor's environment and the checkpoint directory (created if missing). With
+        ``sync`` the directory is its local working copy, empty until :meth:`fetch_checkpoint`.
+        """
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         try:
             env_grace = float(os.environ.get(ENV_GRACE_PERIOD_S) or "nan")
@@ -340,7 +594,48 @@ class QuotaRun:
             preempt_file=Path(os.environ[ENV_PREEMPT_FILE]) if os.environ.get(ENV_PREEMPT_FILE) else None,
             cuda_visible_devices=os.environ.get(ENV_CUDA_VISIBLE_DEVICES),
             job_id=os.environ.get(ENV_JOB_ID),
+            sync=sync,
         )
+
+    def fetch_checkpoint(self, log) -> None:
+        """With an object store: download its newest checkpoint, which becomes ``resume_from``."""
+        if self.sync is None:
+            return
+        try:
+            self.resume_from = self.sync.download_latest(log)
+        except Exception as e:
+            self.sync.remove_local()
+            raise AirflowException(
+                f"Could not download the newest checkpoint from {self.sync.remote} to {self.checkpoint_dir}: {e}"
+            ) from e
+
+    def save_checkpoints(self, log, *, preempted: bool, strict: bool) -> None:
+        """
+        With an object store: upload what the run wrote (after a preemption only the newest
+        checkpoint: the grace period is running out) and remove the working copy. ``strict``: a
+        failed upload fails the task; otherwise it is logged (the run is failing or requeued anyway)
+        and the working copy is kept.
+        """
+        if self.sync is None:
+            return
+        if preempted and self.notice is not None:
+            left = self.stop_at(time.time()) - time.time()
+            log.info("Uploading the newest checkpoint to %s (%.1fs of the grace period left)", self.sync.remote, left)
+        try:
+            self.sync.upload_new(log, only_newest=preempted)
+        except Exception as e:
+            message = f"Could not upload checkpoints from {self.checkpoint_dir} to {self.sync.remote}: {e}"
+            if strict:
+                raise AirflowException(message) from e
+            log.exception("%s; they stay in %s", message, self.checkpoint_dir)
+            return
+        self.sync.remove_local()
+
+    def newest_checkpoint(self) -> Path | ObjectStoragePath | None:
+        """The checkpoint a next run would resume from: in the store, as far as this run knows it."""
+        if self.sync is not None:
+            return self.sync.latest
+        return latest_checkpoint(self.checkpoint_dir)
 
     @property
     def preempt_requested(self) -> bool:
@@ -388,7 +683,9 @@ class QuotaRun:
             notice.reason,
             notice.preemptor or "the quota executor",
             self.preemption_count + 1,
-            latest_checkpoint(self.checkpoint_dir) or "the start (no checkpoint written)",
+            self.newest_checkpoint()
+            or (f"the newest checkpoint in {self.sync.remote}" if self.sync and not self.sync.checked else None)
+            or "the start (no checkpoint written)",
         )
         return AirflowRescheduleException(reschedule_date=datetime.now(tz=timezone.utc))
 
@@ -428,19 +725,36 @@ class QuotaTaskMixin:
         self.preemptible = preemptible
 
     def _start_run(self, context: Context, what: str) -> QuotaRun:
-        """Read the executor's environment; a notice that is already there ends the run at once."""
-        checkpoint_dir = Path(self.checkpoint_dir) if self.checkpoint_dir else _default_checkpoint_dir(context)
-        run = QuotaRun.prepare(checkpoint_dir=checkpoint_dir, grace_period_s=self.grace_period)
+        """
+        Read the executor's environment and find the checkpoint to resume from (downloading it
+        when the checkpoints live in an object store); a notice that is already there ends the run
+        at once. End the run with :meth:`QuotaRun.save_checkpoints`.
+        """
+        location = (
+            checkpoint_location(self.checkpoint_dir) if self.checkpoint_dir else _default_checkpoint_dir(context)
+        )
+        sync = None
+        if not isinstance(location, Path):
+            work = Path(_state_dir(), "checkpoint-sync", *_task_instance_parts(context))
+            work.mkdir(parents=True, exist_ok=True)
+            sync = CheckpointSync(location, Path(tempfile.mkdtemp(prefix="run-", dir=work)))
+        run = QuotaRun.prepare(
+            checkpoint_dir=sync.local if sync else location, grace_period_s=self.grace_period, sync=sync
+        )
         if run.poll_preemption() is not None:
             self.log.warning("Preempted before the %s started", what)
+            if sync is not None:
+                sync.remove_local()
             raise run.preemption_outcome(self.log)
+        run.fetch_checkpoint(self.log)
         self.log.info(
-            "Quota %s, %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), priority %d; checkpoints in %s; resume from %s",
+            "Quota %s, %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), priority %d; checkpoints in %s%s; resume from %s",
             self.quota,
             self.gpus,
             run.cuda_visible_devices,
             self.priority,
             run.checkpoint_dir,
+            f" (synced with {sync.remote})" if sync else "",
             run.resume_from or "(nothing: fresh start)",
         )
         return run
@@ -455,24 +769,32 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
     :param gpus: GPUs the task needs (its ``pool_slots``), >= 1.
     :param priority: priority within and across quotas (its ``priority_weight``, absolute), >= 0;
         higher wins.
-    :param checkpoint_dir: where the command writes checkpoints (``QUOTA_CHECKPOINT_DIR``). Templated.
-        Default: ``[quota] state_dir/checkpoints/<dag_id>/<run_id>/<task_id>[/<map_index>]``, the
-        same for every run of one task instance, so a rescheduled run finds its checkpoints.
+    :param checkpoint_dir: where the task's checkpoints live. Templated. A local path (a shared
+        mount, if a rescheduled run may land on another host) or a ``file://`` URL is the command's
+        ``QUOTA_CHECKPOINT_DIR``; an object-store URL (``s3://bucket/ckpt/{{ run_id }}``, or
+        ``s3://conn_id@bucket/...`` to name the connection; any scheme ``ObjectStoragePath`` knows)
+        is synced with a local working copy, which is then ``QUOTA_CHECKPOINT_DIR``. Default:
+        ``<[quota] checkpoint_root>/<dag_id>/<run_id>/<task_id>[/<map_index>]``, and without a
+        checkpoint root ``[quota] state_dir/checkpoints/...`` on the worker's disk; the same for every
+        run of one task instance, so a rescheduled run finds its checkpoints.
     :param max_preemptions: times the task may be preempted before it fails; None: the quota's value.
     :param grace_period: seconds (or a timedelta) between SIGTERM and SIGKILL when preempted; None:
         the quota's value (the executor passes it as ``QUOTA_GRACE_PERIOD_S``).
     :param preemptible: False asks the executor never to preempt this task.
     :param env: extra environment variables for the command. Templated.
-    :param cwd: working directory of the command.
+    :param cwd: working directory of the command. Templated.
     :param executor: the executor alias; default ``"quota"``.
 
     The command sees ``CUDA_VISIBLE_DEVICES`` (its GPUs), ``QUOTA_CHECKPOINT_DIR``,
     ``QUOTA_RESUME_FROM`` (newest checkpoint or empty) and ``QUOTA_PREEMPTION_COUNT``. On SIGTERM it
     should write a checkpoint and exit. Its exit code is the task's result unless it was preempted.
-    Returns (XCom) the newest checkpoint path, or None.
+    With an object store, the newest checkpoint is downloaded before the command starts and the
+    checkpoints it writes are uploaded once it has exited, also when it failed or was preempted
+    (then only the newest, within the grace period); a failed upload fails an otherwise successful
+    run. Returns (XCom) the newest checkpoint (a local path, or the object's URL), or None.
     """
 
-    template_fields: Sequence[str] = ("command", "checkpoint_dir", "env")
+    template_fields: Sequence[str] = ("command", "checkpoint_dir", "env", "cwd")
     template_fields_renderers = {"command": "bash", "env": "json"}
     ui_color = "#d6eaf8"
 
@@ -521,7 +843,14 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
 
     def execute(self, context: Context) -> str | None:
         run = self._start_run(context, "command")
-        returncode, preempted = self._run_command(run)
+        try:
+            returncode, preempted = self._run_command(run)
+        except BaseException:
+            run.save_checkpoints(self.log, preempted=run.notice is not None, strict=False)
+            raise
+        succeeded = returncode == 0 and not preempted and not self._kill_requested
+        # Also after a failure or a preemption: the next run (here or on another host) resumes from it.
+        run.save_checkpoints(self.log, preempted=preempted, strict=succeeded)
         if preempted:
             raise run.preemption_outcome(self.log)
         if self._kill_requested:
@@ -530,7 +859,7 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
             raise AirflowException(f"Command was killed by signal {-returncode} ({signal.Signals(-returncode).name})")
         if returncode != 0:
             raise AirflowException(f"Command exited with code {returncode}")
-        latest = latest_checkpoint(run.checkpoint_dir)
+        latest = run.newest_checkpoint()
         return str(latest) if latest else None
 
     def _run_command(self, run: QuotaRun) -> tuple[int, bool]:

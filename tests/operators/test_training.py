@@ -355,3 +355,28 @@ def test_mapped_operator_knows_its_quota_pool_and_gpus_before_unmapping():
     }
     with DAG("mapped_bad"), pytest.raises(QuotaTaskArgumentError, match=r"^gpus: -1 is not an integer >= 1"):
         QuotaTrainingOperator.partial(task_id="sweep", quota="team-b", gpus=-1).expand(command=["a"])
+
+
+def test_cwd_and_a_checkpoint_dir_url_are_templated(airflow_home, tmp_path):
+    """``checkpoint_dir`` may be a URL (rendered first); a ``file://`` one is the command's directory."""
+    airflow_home.write_dag(
+        "templated_dirs",
+        f"""
+        from airflow.sdk import DAG
+        from airflow_quota_provider.operators.training import QuotaTrainingOperator
+
+        with DAG("templated_dirs", schedule=None, params={{"root": "{tmp_path}"}}) as dag:
+            QuotaTrainingOperator(
+                task_id="job",
+                quota="team-a",
+                command='pwd > out.txt; echo "$QUOTA_CHECKPOINT_DIR" >> out.txt',
+                cwd="{{{{ params.root }}}}",
+                checkpoint_dir="file://{{{{ params.root }}}}/ckpt/{{{{ task.task_id }}}}",
+                retries=0,
+            )
+        """,
+    )
+    result = airflow_home.start_dag_test("templated_dirs", supervise=False).wait()
+    assert result["final"]["job"]["state"] == "success"
+    assert (tmp_path / "out.txt").read_text().split() == [str(tmp_path), str(tmp_path / "ckpt" / "job")]
+    assert QuotaTrainingOperator.template_fields == ("command", "checkpoint_dir", "env", "cwd")
