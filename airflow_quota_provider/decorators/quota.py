@@ -26,6 +26,14 @@ Once preemption was requested, the run ends as ``UP_FOR_RESCHEDULE`` (no retry u
 ``try_number``) however the callable ends. The callable also sees ``QUOTA_CHECKPOINT_DIR``,
 ``QUOTA_RESUME_FROM`` and ``QUOTA_PREEMPTION_COUNT`` in ``os.environ``, and ``CUDA_VISIBLE_DEVICES``
 as set by the executor. :func:`current_quota_run` returns the same object as ``quota``.
+
+Checkpoints are found and kept as for QuotaTrainingOperator (``checkpoint_dir``, templated, or
+``[quota] checkpoint_root``): ``quota.checkpoint_dir`` and ``quota.resume_from`` are always local
+paths. When the checkpoints live in an object store, they are a working copy: the newest checkpoint
+is downloaded before the callable starts, and what it wrote is uploaded when it has returned or
+raised (after a preemption only the newest checkpoint), and the working copy is then removed: to
+return a checkpoint, return its place in the store (``str(quota.sync.remote / name)``), not its
+local path.
 """
 
 from __future__ import annotations
@@ -112,13 +120,19 @@ class _QuotaDecoratedOperator(QuotaTaskMixin, DecoratedOperator, PythonOperator)
             with _environ(run.env()), _preemption_delivery(run, self.on_preempt, self.log):
                 result = super().execute(context)
         except QuotaPreempted:
+            run.save_checkpoints(self.log, preempted=True, strict=False)
             raise run.preemption_outcome(self.log) from None
         except Exception:
+            run.save_checkpoints(self.log, preempted=run.notice is not None, strict=False)
             if run.notice is not None:  # interrupted by the preemption in some other way
                 raise run.preemption_outcome(self.log) from None
             raise
+        except BaseException:  # a timeout, an exit: keep what the callable wrote all the same
+            run.save_checkpoints(self.log, preempted=run.notice is not None, strict=False)
+            raise
         finally:
             _current = None
+        run.save_checkpoints(self.log, preempted=run.notice is not None, strict=run.notice is None)
         if run.notice is not None:
             raise run.preemption_outcome(self.log)
         return result

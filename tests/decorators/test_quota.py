@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -171,3 +172,86 @@ def test_preempted_callables_are_rescheduled_and_resume(tmp_path_factory, tmp_pa
     first_checkpoint = next(e for e in log if e["task"] == "interrupted" and e["event"] == "checkpoint")
     assert first["same"] is True  # current_quota_run() is the quota argument
     assert first["env_dir"] == str(Path(first_checkpoint["path"]).parent)  # QUOTA_CHECKPOINT_DIR
+
+
+STORE_DAG_SOURCE = """
+import json, os, time
+
+import fsspec
+from airflow.sdk import DAG, task
+from airflow.sdk.io import attach
+
+# The "remote" store: fsspec's memory filesystem, shared by the attempts of this (driver) process.
+attach("memory", fs=fsspec.filesystem("memory"))
+EVENTS = {events!r}
+
+def emit(**record):
+    with open(EVENTS, "a") as f:
+        f.write(json.dumps({{"pid": os.getpid(), "time": time.time(), **record}}) + "\\n")
+
+def save(quota, step):
+    path = quota.checkpoint_dir / f"step-{{step:06d}}.json"
+    path.write_text(json.dumps({{"step": step}}))
+    emit(event="checkpoint", step=step, path=str(path))
+
+with DAG("deco_store", schedule=None) as dag:
+
+    @task.quota(quota="inference", gpus=1, priority=30, grace_period=30)
+    def interrupted(quota=None):
+        step = json.loads(quota.resume_from.read_text())["step"] if quota.resume_from else 0
+        emit(event="start", step=step, dir=str(quota.checkpoint_dir), resume_from=str(quota.resume_from or ""),
+             remote=str(quota.sync.remote))
+        try:
+            while step < 40:
+                step += 1
+                if step % 5 == 0:
+                    save(quota, step)
+                time.sleep(0.1)
+        finally:
+            save(quota, step)
+        return step
+
+    @task
+    def list_store():
+        with open({listing!r}, "w") as f:
+            json.dump(sorted(fsspec.filesystem("memory").find("/deco-bucket")), f)
+
+    interrupted() >> list_store()
+"""
+
+
+def test_preempted_callable_resumes_from_the_object_store_in_a_fresh_working_copy(tmp_path_factory, tmp_path):
+    """With ``[quota] checkpoint_root`` in an object store, ``quota.checkpoint_dir`` is a local working
+    copy: the newest checkpoint is uploaded when the callable is preempted, and the next run downloads it."""
+    home = make_airflow_home(tmp_path_factory.mktemp("quota-deco-store-home"))
+    events, preempt, listing = tmp_path / "events.jsonl", tmp_path / "preempt.json", tmp_path / "listing.json"
+    home.write_dag("deco_store", STORE_DAG_SOURCE.format(events=str(events), listing=str(listing)))
+    run = home.start_dag_test(
+        "deco_store",
+        {"QUOTA_PREEMPT_FILE": str(preempt), "AIRFLOW__QUOTA__CHECKPOINT_ROOT": "memory://deco-bucket/airflow"},
+        supervise=False,  # the memory store lives in the driver process
+    )
+    wait_for(lambda: any(e["event"] == "checkpoint" for e in read_events(events)), "a checkpoint", run=run)
+    write_preempt_file(preempt, reason="within_quota", preemptor="eval-hi", deadline=time.time() + 30)
+    result = run.wait()
+
+    assert [(a["task_id"], a["state"], a["try_number"]) for a in result["attempts"]] == [
+        ("interrupted", "up_for_reschedule", 1),
+        ("interrupted", "success", 1),
+        ("list_store", "success", 1),
+    ]
+    log = read_events(events)
+    starts = [e for e in log if e["event"] == "start"]
+    stopped = [e for e in log if e["event"] == "checkpoint" and e["time"] < starts[1]["time"]][-1]
+    assert starts[0]["resume_from"] == "" and starts[1]["step"] == stopped["step"] > 0
+    assert starts[0]["dir"] != starts[1]["dir"]  # a fresh working copy: the checkpoint came from the store
+    assert starts[1]["resume_from"] == str(Path(starts[1]["dir"]) / Path(stopped["path"]).name)
+    assert starts[0]["remote"] == starts[1]["remote"]
+    assert starts[0]["remote"].startswith("memory://deco-bucket/airflow/deco_store/manual__")
+    assert starts[0]["remote"].endswith("/interrupted")
+    assert not Path(starts[0]["dir"]).exists() and not Path(starts[1]["dir"]).exists()
+
+    names = [Path(p).name for p in json.loads(listing.read_text())]
+    first_run = [n for n in names if int(n[5:11]) <= stopped["step"]]
+    assert first_run == [Path(stopped["path"]).name]  # preempted: only the newest was uploaded
+    assert names[-1] == "step-000040.json"
