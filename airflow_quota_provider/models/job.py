@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from airflow_quota_provider.models.base import QuotaBase
-from airflow_quota_provider.policy import PolicyError
+from airflow_quota_provider.policy import Job, PolicyError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -43,7 +43,7 @@ class JobState(str, Enum):
     PENDING = "pending"
     """Waiting for quota. ``pending_reason`` and ``pending_position`` say why and where."""
     RUNNING = "running"
-    """Launched on its devices; ``pid`` is its process."""
+    """Launched on its devices of ``host``; ``handle`` is the launcher's name for its process."""
     STOPPING = "stopping"
     """Told to stop (preempt file written); still holds its devices until its process is gone."""
     PREEMPTED = "preempted"
@@ -91,6 +91,13 @@ class EventKind(str, Enum):
     """Airflow revoked the queued task (``task_queued_timeout``); the job keeps its place."""
     ADOPTED = "adopted"
     """A restarted scheduler took the job over."""
+    EVICTED = "evicted"
+    """The job's host was lost: its devices left the pool and the job waits at its original place
+    without using an Airflow retry (not counted as a preemption)."""
+    HOST_JOINED = "host_joined"
+    """A GPU host registered (``host``, ``devices``), or came back after it was lost."""
+    HOST_LOST = "host_lost"
+    """A GPU host stopped heartbeating for ``[quota] host_lost_after_s``; its devices leave the pool."""
     CONFIG_LOADED = "config_loaded"
     """The quota file was (re)loaded; ``message`` is its path."""
     CONFIG_REJECTED = "config_rejected"
@@ -125,8 +132,10 @@ class QuotaJob(QuotaBase):
     finished_at: Mapped[float | None] = mapped_column(Float)
     pending_reason: Mapped[str | None] = mapped_column(Text)
     pending_position: Mapped[int | None] = mapped_column(Integer)
-    pid: Mapped[int | None] = mapped_column(Integer)
-    job_dir: Mapped[str | None] = mapped_column(Text)
+    host: Mapped[str | None] = mapped_column(String(255))
+    """Where the job runs (or ran last): a GPU host's name."""
+    handle: Mapped[str | None] = mapped_column(String(255))
+    """The launcher's opaque name for the job's process while it holds devices."""
     preempted_for: Mapped[str | None] = mapped_column(String(64))
     preempt_reason: Mapped[str | None] = mapped_column(String(32))
     preempt_deadline: Mapped[float | None] = mapped_column(Float)
@@ -156,6 +165,7 @@ class QuotaJob(QuotaBase):
             "quota": self.quota,
             "queue": self.queue_name,
             "gpus": self.gpus,
+            "host": self.host,
             "priority": self.priority,
             "preemptible": self.preemptible,
             "max_preemptions": self.max_preemptions,
@@ -171,10 +181,11 @@ class QuotaJob(QuotaBase):
 
 
 class QuotaDeviceAllocation(QuotaBase):
-    """A device held by a job. The device is the primary key: no device is ever held twice."""
+    """A device held by a job. (host, device) is the primary key: no device is ever held twice."""
 
     __tablename__ = "quota_device_allocation"
 
+    host: Mapped[str] = mapped_column(String(255), primary_key=True)
     device: Mapped[str] = mapped_column(String(64), primary_key=True)
     job_id: Mapped[int] = mapped_column(Integer, ForeignKey("quota_job.id", ondelete="CASCADE"), nullable=False)
     allocated_at: Mapped[float] = mapped_column(Float, nullable=False)
@@ -197,6 +208,7 @@ class QuotaEvent(QuotaBase):
     victim: Mapped[str | None] = mapped_column(String(64))
     preemptor: Mapped[str | None] = mapped_column(String(64))
     reason: Mapped[str | None] = mapped_column(String(64))
+    host: Mapped[str | None] = mapped_column(String(255))
     devices: Mapped[str | None] = mapped_column(String(512))
     message: Mapped[str | None] = mapped_column(Text)
 
@@ -216,6 +228,25 @@ class QuotaPreemptionCount(QuotaBase):
     map_index: Mapped[int] = mapped_column(Integer, primary_key=True, default=-1)
     count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     last_at: Mapped[float | None] = mapped_column(Float)
+
+
+def policy_job(job: QuotaJob, preemptions: int, *, placed: bool = False) -> Job:
+    """The policy's view of a job row (running and stopping jobs carry ``started_at``, and their
+    ``host`` when the policy places jobs on hosts)."""
+    holding = job.state != JobState.PENDING.value
+    return Job(
+        id=job.job_id,
+        quota=job.quota,
+        gpus=job.gpus,
+        priority=job.priority,
+        submitted_at=job.submitted_at,
+        started_at=job.started_at if holding else None,
+        preemptible=job.preemptible,
+        max_preemptions=job.max_preemptions,
+        preemptions=preemptions,
+        preempted_for=job.preempted_for if job.state == JobState.STOPPING.value else None,
+        host=job.host if placed and holding else None,
+    )
 
 
 class JobNotFound(LookupError):
@@ -265,12 +296,12 @@ def devices_of(job_id: int, *, session: Session) -> list[str]:
     rows = session.scalars(
         select(QuotaDeviceAllocation.device).where(QuotaDeviceAllocation.job_id == job_id)
     ).all()
-    return sorted(rows, key=_device_sort_key)
+    return sorted(rows, key=device_sort_key)
 
 
-def allocated_devices(*, session: Session) -> dict[str, int]:
-    """Device -> job id, for every held device."""
-    return {a.device: a.job_id for a in session.scalars(select(QuotaDeviceAllocation))}
+def allocated_devices(*, session: Session) -> dict[tuple[str, str], int]:
+    """(host, device) -> job id, for every held device."""
+    return {(a.host, a.device): a.job_id for a in session.scalars(select(QuotaDeviceAllocation))}
 
 
 def preemption_count(dag_id: str, run_id: str, task_id: str, map_index: int = -1, *, session: Session) -> int:
@@ -278,7 +309,7 @@ def preemption_count(dag_id: str, run_id: str, task_id: str, map_index: int = -1
     return row.count if row else 0
 
 
-def _device_sort_key(device: str) -> tuple[int, str]:
+def device_sort_key(device: str) -> tuple[int, str]:
     return (int(device), "") if device.isdigit() else (1 << 30, device)
 
 
@@ -337,11 +368,11 @@ def set_priority(
     return job
 
 
-def allocate_devices(job: QuotaJob, devices: Sequence[str], *, session: Session) -> None:
-    """Give ``devices`` to ``job``; the primary key on the device makes a double grant fail."""
+def allocate_devices(job: QuotaJob, host: str, devices: Sequence[str], *, session: Session) -> None:
+    """Give ``devices`` of ``host`` to ``job``; the primary key (host, device) makes a double grant fail."""
     now = time.time()
     for device in devices:
-        session.add(QuotaDeviceAllocation(device=device, job_id=job.id, allocated_at=now))
+        session.add(QuotaDeviceAllocation(host=host, device=device, job_id=job.id, allocated_at=now))
     session.flush()
 
 
@@ -350,7 +381,7 @@ def release_devices(job: QuotaJob, *, session: Session) -> list[str]:
     devices = devices_of(job.id, session=session)
     if devices:
         session.execute(delete(QuotaDeviceAllocation).where(QuotaDeviceAllocation.job_id == job.id))
-        record_event(EventKind.RELEASED, job=job, session=session, devices=",".join(devices))
+        record_event(EventKind.RELEASED, job=job, session=session, host=job.host, devices=",".join(devices))
     return devices
 
 
@@ -377,7 +408,7 @@ def explain(dag_id: str, run_id: str, task_id: str, *, map_index: int = -1, sess
     out["preemptions"] = preemption_count(dag_id, run_id, task_id, map_index, session=session)
     out["events"] = [
         {"at": e.at, "kind": e.kind, "reason": e.reason, "victim": e.victim, "preemptor": e.preemptor,
-         "devices": e.devices, "message": e.message}
+         "host": e.host, "devices": e.devices, "message": e.message}
         for e in session.scalars(
             select(QuotaEvent).where(QuotaEvent.job_id == job.id).order_by(QuotaEvent.id)
         )

@@ -14,6 +14,7 @@ from airflow_quota_provider.models.job import (
     JobState,
     QuotaJob,
     allocate_devices,
+    allocated_devices,
     count_preemption,
     explain,
     list_jobs,
@@ -69,17 +70,26 @@ def test_set_priority_of_a_finished_job_is_not_found(session):
 def test_a_device_cannot_be_held_by_two_jobs(session):
     first = _job(session, "first_holder", JobState.RUNNING)
     second = _job(session, "second_holder", JobState.RUNNING)
-    allocate_devices(first, ["0", "1"], session=session)
+    allocate_devices(first, "gpu-a", ["0", "1"], session=session)
     with pytest.raises(IntegrityError):
-        allocate_devices(second, ["1"], session=session)
+        allocate_devices(second, "gpu-a", ["1"], session=session)
+
+
+def test_the_same_index_on_two_hosts_is_two_devices(session):
+    first = _job(session, "on_host_a", JobState.RUNNING)
+    second = _job(session, "on_host_b", JobState.RUNNING)
+    allocate_devices(first, "gpu-a", ["0"], session=session)
+    allocate_devices(second, "gpu-b", ["0"], session=session)
+    assert allocated_devices(session=session) == {("gpu-a", "0"): first.id, ("gpu-b", "0"): second.id}
 
 
 def test_release_frees_devices_and_logs_them(session):
-    job = _job(session, "released_job", JobState.RUNNING)
-    allocate_devices(job, ["3", "2"], session=session)
+    job = _job(session, "released_job", JobState.RUNNING, host="gpu-a")
+    allocate_devices(job, "gpu-a", ["3", "2"], session=session)
     assert release_devices(job, session=session) == ["2", "3"]
     assert release_devices(job, session=session) == []
-    assert explain("dag", "run", "released_job", session=session)["events"][0]["devices"] == "2,3"
+    event = explain("dag", "run", "released_job", session=session)["events"][0]
+    assert (event["host"], event["devices"]) == ("gpu-a", "2,3")
 
 
 def test_preemption_counts_survive_new_tries(session):

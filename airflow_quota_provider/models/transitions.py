@@ -1,0 +1,174 @@
+"""Job state changes: one function per transition, each refusing a job in the wrong state.
+
+The executor calls these; each writes the job row, its devices and the audit event together, and
+raises :class:`InvalidTransition` naming the job and its state when the transition does not apply.
+What Airflow is told (task instance states, executor events) stays with the executor.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from airflow_quota_provider.models.job import (
+    EventKind,
+    JobState,
+    allocate_devices,
+    count_preemption,
+    record_event,
+    release_devices,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from sqlalchemy.orm import Session
+
+    from airflow_quota_provider.models.job import QuotaJob
+
+_HOLDING = (JobState.RUNNING, JobState.STOPPING)
+"""States in which a job holds devices."""
+
+
+class InvalidTransition(RuntimeError):
+    """A state change asked of a job in a state it does not apply to."""
+
+    def __init__(self, job: QuotaJob, change: str, allowed: Sequence[JobState]) -> None:
+        super().__init__(
+            f"cannot {change} job {job.job_id} ({job.ti_label()}): it is {job.state}, "
+            f"not {' or '.join(s.value for s in allowed)}"
+        )
+
+
+def _require(job: QuotaJob, change: str, *allowed: JobState) -> None:
+    if job.state not in {s.value for s in allowed}:
+        raise InvalidTransition(job, change, allowed)
+
+
+def _clear_pending(job: QuotaJob) -> None:
+    job.pending_reason = job.pending_position = None
+
+
+def _clear_stop(job: QuotaJob) -> None:
+    job.preempted_for = job.preempt_deadline = job.forced_at = None
+
+
+def admit(job: QuotaJob, *, host: str, devices: Sequence[str], now: float, session: Session) -> None:
+    """pending -> running on ``devices`` of ``host`` (recorded before any process exists)."""
+    _require(job, "admit", JobState.PENDING)
+    allocate_devices(job, host, devices, session=session)
+    job.state, job.started_at, job.host, job.handle = JobState.RUNNING.value, now, host, None
+    _clear_pending(job)
+    record_event(EventKind.ADMITTED, job=job, session=session, host=host, devices=",".join(devices))
+
+
+def launched(job: QuotaJob, handle: str) -> None:
+    """A running job's process was started; ``handle`` is the launcher's name for it."""
+    _require(job, "record the launch of", JobState.RUNNING)
+    job.handle = handle
+
+
+def launch_failed(job: QuotaJob, message: str, *, session: Session) -> None:
+    """running -> pending: the launch failed before a process existed; the devices are freed."""
+    _require(job, "undo the launch of", JobState.RUNNING)
+    release_devices(job, session=session)
+    job.state, job.started_at, job.handle = JobState.PENDING.value, None, None
+    job.pending_reason = f"launch failed: {message}"
+
+
+def drop(job: QuotaJob, message: str, *, now: float, session: Session) -> None:
+    """pending -> finished: its task instance is no longer queued (cleared or marked by a person)."""
+    _require(job, "drop", JobState.PENDING)
+    job.state, job.finished_at, job.message = JobState.FINISHED.value, now, message
+    _clear_pending(job)
+    record_event(EventKind.FINISHED, job=job, session=session, message=message)
+
+
+def reject(job: QuotaJob, reason: str, *, now: float, session: Session) -> None:
+    """pending -> failed: the job can never run under this configuration."""
+    _require(job, "reject", JobState.PENDING)
+    job.state, job.finished_at, job.message = JobState.FAILED.value, now, reason
+    _clear_pending(job)
+    record_event(EventKind.REJECTED, job=job, session=session, message=reason)
+
+
+def begin_stop(
+    job: QuotaJob, *, preemptor: str, reason: str, deadline: float, fail_message: str | None, session: Session
+) -> None:
+    """running -> stopping: told to stop by ``deadline``; it holds its devices until its process is gone."""
+    _require(job, "preempt", JobState.RUNNING)
+    job.state = JobState.STOPPING.value
+    job.preempted_for, job.preempt_reason, job.preempt_deadline = preemptor, reason, deadline
+    job.preempt_fail_message = fail_message
+    fields = dict(victim=job.job_id, preemptor=preemptor, reason=reason, host=job.host)
+    record_event(EventKind.PREEMPTED, job=job, session=session, message=fail_message, **fields)
+    if reason == "reclaim":
+        record_event(EventKind.RECLAIMED, job=job, session=session, **fields)
+    if fail_message:
+        record_event(EventKind.PREEMPTION_LIMIT_REACHED, job=job, session=session, message=fail_message, **fields)
+
+
+def force_stop(job: QuotaJob, *, target: str, now: float, session: Session) -> None:
+    """A stopping job past its grace period had its task instance set to ``target``."""
+    _require(job, "force the stop of", JobState.STOPPING)
+    job.forced_at = now
+    record_event(
+        EventKind.FORCED, job=job, session=session, victim=job.job_id, preemptor=job.preempted_for,
+        reason=job.preempt_reason, host=job.host, message=f"grace period over; task set to {target}",
+    )
+
+
+def settle_stopped(job: QuotaJob, *, requeued: bool, session: Session) -> int:
+    """stopping -> pending (Airflow has queued it again) or preempted (not yet): its process is gone.
+
+    Counts the preemption and returns the new count; the job keeps its ``submitted_at`` (its place).
+    """
+    _require(job, "settle the stop of", JobState.STOPPING)
+    release_devices(job, session=session)
+    count = count_preemption(job, session=session)
+    record_event(
+        EventKind.STOPPED, job=job, session=session, victim=job.job_id, preemptor=job.preempted_for,
+        reason=job.preempt_reason, host=job.host, message=f"preemption {count}; waits at its original place",
+    )
+    _back_in_line(job, requeued, f"preempted ({job.preempt_reason}); waiting to be queued again")
+    return count
+
+
+def evict(job: QuotaJob, *, requeued: bool, why: str, session: Session) -> None:
+    """running or stopping -> pending / preempted: its host was lost. Not counted as a preemption."""
+    _require(job, "evict", *_HOLDING)
+    release_devices(job, session=session)
+    record_event(EventKind.EVICTED, job=job, session=session, host=job.host, message=f"{why}; waits at its original place")
+    _back_in_line(job, requeued, f"evicted ({why}); waiting to be queued again")
+
+
+def _back_in_line(job: QuotaJob, requeued: bool, reason: str) -> None:
+    job.state = JobState.PENDING.value if requeued else JobState.PREEMPTED.value
+    if not requeued:
+        job.workload = None
+    job.started_at = job.handle = None
+    _clear_stop(job)
+    job.pending_reason = reason
+
+
+def finish(job: QuotaJob, message: str, *, now: float, session: Session) -> None:
+    """running or stopping -> finished: its process ended on its own (the task instance says how)."""
+    _require(job, "finish", *_HOLDING)
+    release_devices(job, session=session)
+    job.state, job.finished_at, job.message, job.handle = JobState.FINISHED.value, now, message, None
+    record_event(EventKind.FINISHED, job=job, session=session, host=job.host, message=message)
+
+
+def fail_at_limit(job: QuotaJob, *, now: float, session: Session) -> None:
+    """stopping -> failed: the preemption that stopped it was past its ``max_preemptions``."""
+    _require(job, "fail", JobState.STOPPING)
+    release_devices(job, session=session)
+    job.state, job.finished_at, job.message, job.handle = JobState.FAILED.value, now, job.preempt_fail_message, None
+
+
+def revoke(job: QuotaJob, *, session: Session) -> None:
+    """Any active state -> pending without a workload: Airflow revoked the queued task
+    (``task_queued_timeout``); the job keeps its place and gets the next workload."""
+    _require(job, "revoke", *JobState.active())
+    release_devices(job, session=session)
+    job.state, job.workload, job.handle = JobState.PENDING.value, None, None
+    record_event(EventKind.REVOKED, job=job, session=session, message="task_queued_timeout; place kept")
