@@ -11,7 +11,7 @@ def get_provider_info():
         "package-name": "airflow-quota-provider",
         "name": "Airflow Quota Provider",
         "description": "Shared GPU quotas for Apache Airflow: borrowing, lending and priority preemption.",
-        "versions": ["0.1.0"],
+        "versions": ["0.2.0", "0.1.0"],
         # --- AWS Batch backend (quota shares, SageMaker training service jobs) ---
         "integrations": [
             {
@@ -113,6 +113,32 @@ def get_provider_info():
                         "type": "string",
                         "example": "team-a",
                         "default": "",
+                    },
+                    "launcher": {
+                        "description": "Where QuotaExecutor runs tasks: local (forked on the scheduler's "
+                        "machine, its GPUs from devices / nvidia-smi / virtual_gpus) or celery (on the GPU "
+                        "hosts of a fleet, each running `airflow quota worker`; needs the Celery provider, "
+                        "a broker and a database that the hosts share).",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "celery",
+                        "default": "local",
+                    },
+                    "host_heartbeat_s": {
+                        "description": "How often a GPU host's worker (`airflow quota worker`) heartbeats.",
+                        "version_added": "0.2.0",
+                        "type": "float",
+                        "example": "5",
+                        "default": "5",
+                    },
+                    "host_lost_after_s": {
+                        "description": "A GPU host silent this long is lost: its GPUs leave the pool and "
+                        "its jobs are requeued at their original place without using an Airflow retry "
+                        "(audit event evicted). It rejoins with its next heartbeat.",
+                        "version_added": "0.2.0",
+                        "type": "float",
+                        "example": "30",
+                        "default": "30",
                     },
                     "keep_queued_alive": {
                         "description": "Keep tasks that wait for quota from being timed out by "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from airflow_quota_provider.models.job import JobState, QuotaJob, list_jobs
+from airflow_quota_provider.models.job import JobState, QuotaJob, list_jobs, policy_job
 from airflow_quota_provider.policy import PolicyError, QuotaUsage, State, load_quota_file, summarize
 
 if TYPE_CHECKING:
@@ -52,8 +52,6 @@ class QuotaRow:
 def quota_rows(quota_file: QuotaFile, *, session: Session) -> list[QuotaRow]:
     """Every quota of every job queue, in file order, with :func:`~airflow_quota_provider.policy.summarize`'s
     figures computed from the job table."""
-    from airflow_quota_provider.executors.quota_executor import policy_job
-
     jobs = list_jobs(states=[JobState.PENDING, JobState.RUNNING, JobState.STOPPING], session=session)
     rows = []
     for queue in quota_file.queues:
@@ -64,6 +62,30 @@ def quota_rows(quota_file: QuotaFile, *, session: Session) -> list[QuotaRow]:
         usage = summarize(State.for_queue(queue, running, pending))
         rows.extend(QuotaRow(queue, quota, usage[quota.name]) for quota in queue.quotas)
     return rows
+
+
+@dataclass(frozen=True)
+class QueueHosts:
+    """The registered GPU hosts of one job queue: GPUs in the pool now, and hosts lost."""
+
+    gpus_up: int
+    lost: tuple[str, ...]
+
+
+def queue_hosts(*, session: Session) -> dict[str, QueueHosts]:
+    """Per job queue, from the fleet's host table (empty without registered hosts: local launcher)."""
+    from airflow_quota_provider.models.host import HostState, list_hosts
+
+    up: dict[str, int] = {}
+    lost: dict[str, list[str]] = {}
+    for host in list_hosts(session=session):
+        for queue in host.queue_list:
+            if host.state == HostState.ACTIVE.value:
+                up[queue] = up.get(queue, 0) + len(host.device_list)
+            else:
+                up.setdefault(queue, 0)
+                lost.setdefault(queue, []).append(host.name)
+    return {queue: QueueHosts(gpus, tuple(lost.get(queue, ()))) for queue, gpus in up.items()}
 
 
 def _waiting(job: QuotaJob) -> bool:

@@ -18,6 +18,7 @@ from airflow_quota_provider.cli.aws_command import (
     ARG_REGION,
 )
 from airflow_quota_provider.cli.simulate_command import SIMULATE_COMMAND
+from airflow_quota_provider.cli.worker_command import WORKER_COMMAND
 
 ARG_OUTPUT = Arg(
     ("-o", "--output"),
@@ -46,6 +47,13 @@ QUOTA_COMMANDS: list[ActionCommand] = [
         func=lazy_load_command("airflow_quota_provider.cli.quota_command.jobs"),
         args=(ARG_OUTPUT, ARG_ALL, ARG_VERBOSE),
     ),
+    ActionCommand(
+        name="hosts",
+        help="List the GPU hosts of the fleet: job queues, GPUs, state (active or lost), last heartbeat, jobs",
+        func=lazy_load_command("airflow_quota_provider.cli.quota_command.hosts"),
+        args=(ARG_OUTPUT, ARG_VERBOSE),
+    ),
+    WORKER_COMMAND,
     ActionCommand(
         name="set-priority",
         help="Change the priority of a waiting or running task; the next scheduling cycle uses it",

@@ -75,16 +75,48 @@ def status(args) -> None:
         return aws_command.status(args)
     from airflow_quota_provider.usage import quota_rows
 
+    from airflow_quota_provider.usage import queue_hosts
+
     quota_file = _quota_file()
     rows = []
     with create_session() as session:
+        fleet = queue_hosts(session=session)
         for r in quota_rows(quota_file, session=session):
             row = {"queue": r.queue.name, "quota": r.quota.name, "sharing": r.quota.sharing}
             row.update({k: getattr(r.usage, k) for k in (
                 "capacity", "in_use", "borrowed", "lent", "free", "pending_jobs", "pending_gpus")})
+            if fleet:
+                hosts = fleet.get(r.queue.name)
+                row["queue_gpus"] = hosts.gpus_up if hosts else 0
+                row["hosts_lost"] = ",".join(hosts.lost) if hosts else ""
             rows.append(row)
-    _emit(rows, args.output, ["queue", "quota", "sharing", "capacity", "in_use", "borrowed", "lent", "free",
-                              "pending_jobs", "pending_gpus"])
+    columns = ["queue", "quota", "sharing", "capacity", "in_use", "borrowed", "lent", "free", "pending_jobs",
+               "pending_gpus"]
+    _emit(rows, args.output, columns + (["queue_gpus", "hosts_lost"] if fleet else []))
+
+
+@suppress_logs_and_warning
+@_needs_tables
+def hosts(args) -> None:
+    """List the GPU hosts of the fleet: queues, GPUs, state, seconds since the last heartbeat, jobs."""
+    import time
+
+    from airflow_quota_provider.models.host import list_hosts
+
+    now = time.time()
+    with create_session() as session:
+        jobs_on: dict[str, int] = {}
+        for job in list_jobs(states=[JobState.RUNNING, JobState.STOPPING], session=session):
+            jobs_on[job.host or ""] = jobs_on.get(job.host or "", 0) + 1
+        rows = [
+            {**h.to_dict(), "gpus": len(h.device_list), "heartbeat_age_s": round(now - h.heartbeat_at, 1),
+             "jobs": jobs_on.get(h.name, 0)}
+            for h in list_hosts(session=session)
+        ]
+    if args.output == "table":
+        for row in rows:
+            row["queues"], row["devices"] = ",".join(row["queues"]), ",".join(row["devices"])
+    _emit(rows, args.output, ["name", "queues", "gpus", "devices", "state", "heartbeat_age_s", "jobs"])
 
 
 @suppress_logs_and_warning
@@ -100,7 +132,7 @@ def jobs(args) -> None:
             row["preemptions"] = preemption_count(job.dag_id, job.run_id, job.task_id, job.map_index, session=session)
             rows.append(row)
     _emit(rows, args.output, ["id", "dag_id", "task_id", "map_index", "run_id", "quota", "gpus", "priority",
-                              "state", "devices", "preemptions", "pending_position", "pending_reason"])
+                              "state", "host", "devices", "preemptions", "pending_position", "pending_reason"])
 
 
 @_needs_tables
@@ -144,5 +176,5 @@ def explain(args) -> None:
     if info["message"]:
         print(f"  {info['message']}")
     for e in info["events"]:
-        extra = " ".join(f"{k}={e[k]}" for k in ("reason", "victim", "preemptor", "devices") if e[k])
+        extra = " ".join(f"{k}={e[k]}" for k in ("reason", "victim", "preemptor", "host", "devices") if e[k])
         print(f"  - {e['kind']} {extra} {e['message'] or ''}".rstrip())

@@ -1,4 +1,4 @@
-"""Local GPU launcher: the device inventory, and one forked process per admitted task.
+"""Local GPU launcher: one forked process per admitted task, on the scheduler's own machine.
 
 Each task runs in its own session (``setsid``) so that it outlives a scheduler that dies: a restarted
 scheduler re-adopts it from the job's files. The launcher writes ``pid`` when it forks the child,
@@ -21,16 +21,20 @@ import gc
 import json
 import logging
 import os
-import shutil
 import signal
-import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from airflow_quota_provider.executors.launcher import HostDevices, Liveness, Status
+
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from airflow.executors.workloads import ExecuteTask
+    from airflow_quota_provider.policy import QuotaFile
 
 log = logging.getLogger(__name__)
 
@@ -38,37 +42,6 @@ PID_FILE = "pid"
 EXIT_FILE = "exit-{pid}"  # one per launch: a supervisor still finishing never writes a newer launch's
 PREEMPT_FILE = "preempt.json"
 PR_SET_CHILD_SUBREAPER = 36
-
-
-def discover_devices(devices: str, virtual_gpus: int) -> tuple[list[str], str]:
-    """The GPU indexes to hand out and where they came from.
-
-    ``[quota] devices`` (comma-separated indexes) wins; else ``nvidia-smi``; else ``virtual_gpus``
-    virtual indexes ``0..N-1`` so that quotas work on a laptop.
-    """
-    listed = [d.strip() for d in (devices or "").split(",") if d.strip()]
-    if listed:
-        if len(set(listed)) != len(listed):
-            raise ValueError(f"[quota] devices: {devices!r} lists a device twice")
-        return listed, "[quota] devices"
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run(
-                [smi, "--query-gpu=index", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=True,
-            ).stdout
-            found = [line.strip() for line in out.splitlines() if line.strip()]
-            if found:
-                return found, "nvidia-smi"
-        except (OSError, subprocess.SubprocessError) as e:
-            log.warning("nvidia-smi failed (%s); using [quota] virtual_gpus", e)
-    if virtual_gpus < 0:
-        raise ValueError(f"[quota] virtual_gpus: {virtual_gpus} is negative")
-    return [str(i) for i in range(virtual_gpus)], "[quota] virtual_gpus"
 
 
 @dataclass(frozen=True)
@@ -93,10 +66,15 @@ def _proc_start_time(pid: int) -> str | None:
 
 
 class LocalLauncher:
-    """Starts, watches and kills task processes on this machine."""
+    """Starts, watches and kills task processes on this machine: one implicit host, ``local``,
+    whose devices the job queues of the quota file share in file order. A handle is ``JOB:PID``."""
 
-    def __init__(self, state_dir: Path) -> None:
+    places_on_hosts = False
+    HOST = "local"
+
+    def __init__(self, state_dir: Path, devices: list[str] | None = None) -> None:
         self.state_dir = state_dir
+        self.devices = list(devices or [])
         self._children: dict[int, int] = {}
         """pid -> exit status for processes this scheduler forked (reaped with waitpid)."""
         self._lingering: set[int] = set()
@@ -108,7 +86,45 @@ class LocalLauncher:
     def preempt_file(self, job_id: int) -> Path:
         return self.job_dir(job_id) / PREEMPT_FILE
 
-    def launch(self, job_id: int, workload: ExecuteTask, env: dict[str, str]) -> int:
+    # -- the Launcher protocol ---------------------------------------------------------------
+
+    def hosts(self, quota_file: QuotaFile, *, session: Session) -> list[HostDevices]:
+        from airflow_quota_provider.executors.config import split_devices
+
+        return [
+            HostDevices(self.HOST, queue, tuple(devices))
+            for queue, devices in split_devices(quota_file, self.devices).items()
+        ]
+
+    def launch(self, *, job_id: int, host: str, workload: ExecuteTask, env: dict[str, str], session: Session) -> str:
+        env = {**env, "QUOTA_PREEMPT_FILE": str(self.preempt_file(job_id))}
+        return f"{job_id}:{self.fork(job_id, workload, env)}"
+
+    def status(self, handles: Mapping[str, int], *, session: Session) -> dict[str, Status]:
+        self.reap()
+        out = {}
+        for handle in handles:
+            job_id, pid = _parse(handle)
+            if not self.alive(job_id, pid):
+                out[handle] = Status(Liveness.ENDED, self.exit_info(job_id, pid).rc)
+            elif self.task_exited(pid):
+                out[handle] = Status(Liveness.TASK_EXITED)
+            else:
+                out[handle] = Status(Liveness.RUNNING)
+        return out
+
+    def notify(self, handle: str, notice: dict, *, session: Session) -> None:
+        self.write_preempt_notice(_parse(handle)[0], notice)
+
+    def kill(self, handle: str, *, session: Session) -> None:
+        kill_tree(_parse(handle)[1])
+
+    def forget(self, handle: str, *, session: Session) -> None:
+        self.forget_pid(_parse(handle)[1])
+
+    # -- processes ----------------------------------------------------------------------------
+
+    def fork(self, job_id: int, workload: ExecuteTask, env: dict[str, str]) -> int:
         """Fork a child that runs the Airflow task supervisor for ``workload`` with ``env`` set."""
         job_dir = self.job_dir(job_id)
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -183,25 +199,10 @@ class LocalLauncher:
         except (OSError, ValueError, KeyError):
             return ExitInfo(rc=None)
 
-    def forget(self, pid: int | None) -> None:
+    def forget_pid(self, pid: int | None) -> None:
         """Stop tracking ``pid``; one of our children that still runs is reaped when it exits."""
         if pid is not None and self._children.pop(pid, None) == -1:
             self._lingering.add(pid)
-
-    def kill(self, pid: int | None) -> None:
-        """SIGKILL the supervisor ``pid`` and every descendant (the task runs in a process group of
-        its own, and what it starts may be in sessions of their own), children first."""
-        if pid is None:
-            return
-        tree, index = [pid], 0
-        while index < len(tree):  # collected before any is killed: orphans would leave the tree
-            tree.extend(int(child) for child in _children(tree[index]) or ())
-            index += 1
-        for member in reversed(tree):
-            try:
-                os.kill(member, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def write_preempt_notice(self, job_id: int, notice: dict) -> Path:
         path = self.preempt_file(job_id)
@@ -210,6 +211,27 @@ class LocalLauncher:
         tmp.write_text(json.dumps(notice))
         os.replace(tmp, path)
         return path
+
+
+def _parse(handle: str) -> tuple[int, int]:
+    job_id, pid = handle.split(":")
+    return int(job_id), int(pid)
+
+
+def kill_tree(pid: int | None) -> None:
+    """SIGKILL the process ``pid`` and every descendant (the task runs in a process group of its
+    own, and what it starts may be in sessions of their own), children first."""
+    if pid is None:
+        return
+    tree, index = [pid], 0
+    while index < len(tree):  # collected before any is killed: orphans would leave the tree
+        tree.extend(int(child) for child in _children(tree[index]) or ())
+        index += 1
+    for member in reversed(tree):
+        try:
+            os.kill(member, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _children(pid: int) -> list[str] | None:

@@ -9,10 +9,15 @@ policy core what to do for each job queue, and acts: it launches admitted jobs o
 tells victims to stop, and writes every waiting job's reason and position. The tables are the only
 truth, so a restarted scheduler carries on where the old one stopped.
 
+Where processes run is the launcher's business (:mod:`.launcher`): ``[quota] launcher = local``
+forks them on this machine (the default), ``celery`` sends them to GPU hosts running
+``airflow quota worker`` (:mod:`.celery_launcher`). The steps of a cycle live in :mod:`.reconcile`,
+:mod:`.schedule` and :mod:`.act`; job state changes in :mod:`airflow_quota_provider.models.transitions`.
+
 Preemption (no Airflow retry is consumed, the task keeps its try_number):
 
-1. the victim's preempt file (``QUOTA_PREEMPT_FILE``) is written with ``reason``, ``preemptor`` and
-   ``deadline``; a task that knows the protocol stops its command and raises
+1. the victim's preempt file (``QUOTA_PREEMPT_FILE``, on its host) is written with ``reason``,
+   ``preemptor`` and ``deadline``; a task that knows the protocol stops its command and raises
    ``AirflowRescheduleException``;
 2. a task still running at the deadline is set to ``up_for_reschedule`` (guarded by
    ``state = 'running'``), after which its supervisor terminates it (DESIGN §5);
@@ -26,183 +31,102 @@ from __future__ import annotations
 import json
 import os
 import time
-from datetime import datetime, timedelta, timezone
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from sqlalchemy import or_, select, tuple_, update
+from sqlalchemy import select
 
 from airflow.configuration import conf
 from airflow.executors import workloads
 from airflow.executors.base_executor import BaseExecutor
-from airflow.executors.executor_loader import ExecutorLoader
-from airflow.models.log import Log
 from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
-from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.session import create_session
-from airflow.utils.state import TaskInstanceState
-from airflow_quota_provider.executors.local_launcher import LocalLauncher, discover_devices
+from airflow_quota_provider.executors.act import Act
+from airflow_quota_provider.executors.config import LAUNCHERS, QuotaConfig, QuotaConfigError, discover_devices
+from airflow_quota_provider.executors.reconcile import Reconcile
+from airflow_quota_provider.executors.schedule import Schedule
 from airflow_quota_provider.metrics import emit_metrics
-from airflow_quota_provider.models.job import (
-    EventKind,
-    JobState,
-    QuotaJob,
-    QuotaPreemptionCount,
-    allocate_devices,
-    allocated_devices,
-    count_preemption,
-    devices_of,
-    preemption_count,
-    record_event,
-    release_devices,
-)
-from airflow_quota_provider.policy import (
-    Job,
-    PolicyError,
-    QuotaFile,
-    State,
-    decide,
-    load_quota_file,
-)
+from airflow_quota_provider.models import transitions
+from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, record_event
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from airflow.executors.workloads import ExecutorWorkload
+    from airflow.models.taskinstancekey import TaskInstanceKey
+    from airflow_quota_provider.executors.launcher import Launcher
+    from airflow_quota_provider.policy import QuotaFile
 
-# Task instance states in which a try's task process has said its last word.
-TRY_ENDED = frozenset(
-    {
-        TaskInstanceState.SUCCESS,
-        TaskInstanceState.FAILED,
-        TaskInstanceState.UP_FOR_RETRY,
-        TaskInstanceState.UP_FOR_RESCHEDULE,
-        TaskInstanceState.DEFERRED,
-        TaskInstanceState.SKIPPED,
-        TaskInstanceState.REMOVED,
-        TaskInstanceState.UPSTREAM_FAILED,
-    }
-)
-# A stopping task whose supervisor has not ended it this long after its state was changed is killed.
-FORCE_KILL_AFTER_S = 60.0
-KEEPALIVE_EVERY_S = 5.0
 SCHEDULE_EVERY_S = 1.0
 
 
-class QuotaConfigError(ValueError):
-    """The quota file or the launcher's devices cannot be used; the message names the field."""
-
-
-def load_config(path: str, devices: Sequence[str]) -> tuple[QuotaFile, dict[str, list[str]]]:
-    """Read the quota file and split the devices among its job queues, in file order."""
-    if not path:
-        raise QuotaConfigError("[quota] quota_file: not set; point it at the quota file (YAML)")
-    try:
-        quota_file = load_quota_file(path)
-    except PolicyError as e:
-        raise QuotaConfigError(f"{path}: {e}") from None
-    except OSError as e:
-        raise QuotaConfigError(f"[quota] quota_file: cannot read {path}: {e.strerror}") from None
-    split: dict[str, list[str]] = {}
-    start = 0
-    for i, queue in enumerate(quota_file.queues):
-        if start + queue.capacity > len(devices):
-            raise QuotaConfigError(
-                f"{path}: queues[{i}].capacity: {queue.capacity} GPUs, but only {len(devices) - start} of "
-                f"the launcher's {len(devices)} devices are left for it ([quota] devices, nvidia-smi or "
-                "[quota] virtual_gpus)"
-            )
-        split[queue.name] = list(devices[start : start + queue.capacity])
-        start += queue.capacity
-    return quota_file, split
-
-
-def _ti_filter(job: QuotaJob):
-    return (
-        TaskInstance.dag_id == job.dag_id,
-        TaskInstance.run_id == job.run_id,
-        TaskInstance.task_id == job.task_id,
-        TaskInstance.map_index == job.map_index,
-    )
-
-
-def _key(job: QuotaJob) -> TaskInstanceKey:
-    return TaskInstanceKey(job.dag_id, job.task_id, job.run_id, job.try_number, job.map_index)
-
-
-def policy_job(job: QuotaJob, preemptions: int) -> Job:
-    """The policy's view of a job row (running and stopping jobs carry ``started_at``)."""
-    return Job(
-        id=job.job_id,
-        quota=job.quota,
-        gpus=job.gpus,
-        priority=job.priority,
-        submitted_at=job.submitted_at,
-        started_at=job.started_at if job.state != JobState.PENDING.value else None,
-        preemptible=job.preemptible,
-        max_preemptions=job.max_preemptions,
-        preemptions=preemptions,
-        preempted_for=job.preempted_for if job.state == JobState.STOPPING.value else None,
-    )
-
-
-class QuotaExecutor(BaseExecutor):
-    """Runs tasks locally on GPUs handed out by shared quotas (see the module docstring)."""
+class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
+    """Runs tasks on GPUs handed out by shared quotas, on this machine or a fleet (see the module
+    docstring)."""
 
     is_local = True
     serve_logs = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.quota_file: QuotaFile | None = None
-        self.queue_devices: dict[str, list[str]] = {}
-        self.devices: list[str] = []
-        self.launcher: LocalLauncher | None = None
-        self._quota_path = ""
-        self._quota_mtime: float | None = None
+        self.launcher: Launcher | None = None
         self._last_keepalive = 0.0
         self._last_schedule = 0.0
+        self._last_host_check = 0.0
         self._dirty = True
-        self._device_source = ""
+        self._to_launch: list[QuotaJob] = []
         self._metrics_cursor: int | None = None
         self._load_startup_config()
 
+    @property
+    def quota_file(self) -> QuotaFile:
+        return self.config.quota_file
+
     def _load_startup_config(self) -> None:
-        """Read the devices and the quota file; a bad one stops the scheduler before it starts.
+        """Read the launcher setting, the devices and the quota file; a bad one stops the scheduler
+        before it starts.
 
         Only the scheduler instantiates executors, so this refuses exactly the scheduler, with the
         error (naming the field) as its exit message and exit code 1, before anything is started.
         """
-        self._quota_path = conf.get("quota", "quota_file", fallback="")
         try:
-            self.devices, self._device_source = discover_devices(
+            self.launcher_kind = conf.get("quota", "launcher", fallback="local").strip() or "local"
+            if self.launcher_kind not in LAUNCHERS:
+                raise QuotaConfigError(f"[quota] launcher: {self.launcher_kind!r} is not one of {', '.join(LAUNCHERS)}")
+            devices, self._device_source = (None, "GPU hosts") if self.launcher_kind == "celery" else discover_devices(
                 conf.get("quota", "devices", fallback=""), conf.getint("quota", "virtual_gpus", fallback=8)
             )
-            self.quota_file, self.queue_devices = load_config(self._quota_path, self.devices)
+            self.config = QuotaConfig(conf.get("quota", "quota_file", fallback=""), devices)
         except (QuotaConfigError, ValueError) as e:
             self.log.error("QuotaExecutor cannot start: %s", e)
             raise SystemExit(f"Error: QuotaExecutor cannot start: {e}") from None
-        self._quota_mtime = self._mtime()
 
     # ---------------------------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        """Create the job directory and the quota pools (the config was checked in ``__init__``)."""
-        source = self._device_source
+        """Set up the launcher and the quota pools (the config was checked in ``__init__``)."""
         state_dir = conf.get("quota", "state_dir", fallback="") or os.path.join(
             conf.get("core", "airflow_home", fallback=os.environ.get("AIRFLOW_HOME", ".")), "quota"
         )
-        self.launcher = LocalLauncher(Path(state_dir))
+        if self.launcher_kind == "celery":
+            from airflow_quota_provider.executors.celery_launcher import CeleryLauncher
+
+            self.launcher = CeleryLauncher()
+        else:
+            from airflow_quota_provider.executors.local_launcher import LocalLauncher
+
+            self.launcher = LocalLauncher(Path(state_dir), self.config.devices)
+        devices = self.config.devices
         self.log.info(
-            "QuotaExecutor: %d devices from %s, queues %s, quota file %s",
-            len(self.devices),
-            source,
-            {q: len(d) for q, d in self.queue_devices.items()},
-            self._quota_path,
+            "QuotaExecutor: %s launcher, %s from %s, quota file %s",
+            self.launcher_kind,
+            f"{len(devices)} devices" if devices is not None else "devices",
+            self._device_source,
+            self.config.path,
         )
-        if self.parallelism < 4 * max(1, len(self.devices)):
+        if devices is not None and self.parallelism < 4 * max(1, len(devices)):
             self.log.warning(
                 "[core] parallelism is %d: tasks waiting for quota are QUEUED and count against it, so "
                 "at most that many tasks can wait or run at once; raise it (e.g. to 1024) so that "
@@ -219,7 +143,7 @@ class QuotaExecutor(BaseExecutor):
             return
         try:
             with create_session() as session:
-                self._watch_processes(session)
+                self._watch_launches(session)
         except Exception:
             self.log.exception("QuotaExecutor could not settle ended tasks at shutdown")
 
@@ -257,13 +181,10 @@ class QuotaExecutor(BaseExecutor):
         self._dirty = True
         if job is None:
             return
-        if job.state in (JobState.RUNNING.value, JobState.STOPPING.value) and self.launcher:
-            self.launcher.kill(job.pid)
-            release_devices(job, session=session)
-        job.state = JobState.PENDING.value
-        job.workload = None
-        job.pid = None
-        record_event(EventKind.REVOKED, job=job, session=session, message="task_queued_timeout; place kept")
+        if job.handle and self.launcher:
+            self.launcher.kill(job.handle, session=session)
+            self.launcher.forget(job.handle, session=session)
+        transitions.revoke(job, session=session)
         session.flush()
 
     def try_adopt_task_instances(self, tis: Sequence[TaskInstance]) -> Sequence[TaskInstance]:
@@ -300,7 +221,8 @@ class QuotaExecutor(BaseExecutor):
                 for step in (
                     self._reload_quota_file,
                     self._fail_tasks_on_missing_pools,
-                    self._watch_processes,
+                    self._check_hosts,
+                    self._watch_launches,
                     self._enforce_deadlines,
                 ):
                     self._dirty |= bool(step(session))
@@ -318,6 +240,7 @@ class QuotaExecutor(BaseExecutor):
                     )
                 self._keep_queued_alive(session)
         except Exception:
+            self._to_launch = []
             self.log.exception("QuotaExecutor cycle failed; it is retried on the next heartbeat")
 
     # ----------------------------------------------------------------------------------- helpers
@@ -374,32 +297,22 @@ class QuotaExecutor(BaseExecutor):
         record_event(EventKind.SUBMITTED, job=job, session=session, message=f"priority {job.priority}")
         return job
 
-    def _mtime(self) -> float | None:
-        try:
-            return os.stat(self._quota_path).st_mtime
-        except OSError:
-            return None
-
     def _reload_quota_file(self, session: Session) -> bool:
         """Pick up an edited quota file; a bad edit keeps the last good configuration and says why."""
-        mtime = self._mtime()
-        if mtime == self._quota_mtime:
-            return False
-        self._quota_mtime = mtime
         try:
-            self.quota_file, self.queue_devices = load_config(self._quota_path, self.devices)
+            if not self.config.reload():
+                return False
         except QuotaConfigError as e:
             self.log.error("Quota file edit rejected, keeping the last good configuration: %s", e)
             record_event(EventKind.CONFIG_REJECTED, session=session, message=str(e))
             return True
-        self.log.info("Quota file reloaded: %s", self._quota_path)
-        record_event(EventKind.CONFIG_LOADED, session=session, message=self._quota_path)
+        self.log.info("Quota file reloaded: %s", self.config.path)
+        record_event(EventKind.CONFIG_LOADED, session=session, message=self.config.path)
         self._sync_pools(session)
         return True
 
     def _sync_pools(self, session: Session) -> None:
         """One Airflow pool per quota with unlimited slots: the executor, not the pool, gates tasks."""
-        assert self.quota_file is not None
         for queue in self.quota_file.queues:
             for quota in queue.quotas:
                 Pool.create_or_update_pool(
@@ -410,380 +323,6 @@ class QuotaExecutor(BaseExecutor):
                     include_deferred=False,
                     session=session,
                 )
-
-    def _ti_state(self, job: QuotaJob, session: Session) -> str | None:
-        return session.scalar(select(TaskInstance.state).where(*_ti_filter(job)))
-
-    def _watch_processes(self, session: Session) -> bool:
-        """Settle jobs whose process has ended: finished, preempted, or past the preemption limit."""
-        assert self.launcher is not None
-        self.launcher.reap()
-        changed = False
-        jobs = session.scalars(
-            select(QuotaJob).where(QuotaJob.state.in_([JobState.RUNNING.value, JobState.STOPPING.value]))
-        ).all()
-        for job in jobs:
-            if job.pid is None:
-                continue
-            if self.launcher.alive(job.id, job.pid):
-                # Its task process may be gone while the supervisor is still finishing: once the task
-                # has reported how this try ended, its GPUs are free.
-                if not self.launcher.task_exited(job.pid):
-                    continue
-                ti_state = self._ti_state(job, session)
-                # Not started yet, or ended without a word (wait for the supervisor); asked again
-                # after the state, in case the task started and ended in between.
-                if ti_state not in TRY_ENDED or not self.launcher.task_exited(job.pid):
-                    continue
-                ended = f"task process ended, task {ti_state}"
-            else:
-                ti_state = self._ti_state(job, session)
-                rc = self.launcher.exit_info(job.id, job.pid).rc
-                ended = f"exit code {rc}" if rc is not None else None
-            changed = True
-            self.launcher.forget(job.pid)
-            release_devices(job, session=session)
-            now = time.time()
-            if job.state == JobState.STOPPING.value and job.preempt_fail_message:
-                self._fail_ti(job, job.preempt_fail_message, session, from_states=None)
-                job.state, job.finished_at, job.message = JobState.FAILED.value, now, job.preempt_fail_message
-                self.running.discard(_key(job))
-            elif job.state == JobState.STOPPING.value and ti_state in (
-                TaskInstanceState.UP_FOR_RESCHEDULE,
-                TaskInstanceState.QUEUED,
-                TaskInstanceState.SCHEDULED,
-                None,
-            ):
-                count = count_preemption(job, session=session)
-                record_event(
-                    EventKind.STOPPED,
-                    job=job,
-                    session=session,
-                    victim=job.job_id,
-                    preemptor=job.preempted_for,
-                    reason=job.preempt_reason,
-                    message=f"preemption {count}; waits at its original place",
-                )
-                requeued = ti_state == TaskInstanceState.QUEUED and job.workload
-                job.state = JobState.PENDING.value if requeued else JobState.PREEMPTED.value
-                if not requeued:
-                    job.workload = None
-                    self.running.discard(_key(job))
-                job.started_at = job.pid = None
-                job.preempted_for = job.preempt_deadline = job.forced_at = None
-                job.pending_reason = f"preempted ({job.preempt_reason}); waiting to be queued again"
-            else:
-                job.state, job.finished_at = JobState.FINISHED.value, now
-                job.message = ended or "process killed"
-                record_event(EventKind.FINISHED, job=job, session=session, message=job.message)
-                key = _key(job)
-                self.running.add(key)  # change_state removes it
-                if ended is None:
-                    self.fail(key, info="QuotaExecutor: the task process was killed")
-                else:
-                    self.success(key)
-            job.pid = None
-        return changed
-
-    def _fail_ti(self, job: QuotaJob, message: str, session: Session, *, from_states) -> None:
-        """Fail the task instance (guarded by its state) and leave the message in Airflow's log table."""
-        states = from_states or [
-            TaskInstanceState.RUNNING,
-            TaskInstanceState.UP_FOR_RESCHEDULE,
-            TaskInstanceState.QUEUED,
-            TaskInstanceState.SCHEDULED,
-        ]
-        where = [*_ti_filter(job), TaskInstance.state.in_(states)]
-        self._mark_failed(where, _key(job), job.ti_label(), message, session)
-
-    def _mark_failed(self, where: list, key: TaskInstanceKey, label: object, message: str, session: Session) -> None:
-        """Set the task instance matched by ``where`` to failed and leave ``message`` in Airflow's
-        log table (``quota failed``) and in the scheduler's log."""
-        session.execute(
-            update(TaskInstance)
-            .where(*where)
-            .values(state=TaskInstanceState.FAILED, end_date=datetime.now(timezone.utc))
-            .execution_options(synchronize_session=False)
-        )
-        session.add(Log(event="quota failed", task_instance=key, extra=message))
-        self.log.error("Task %s failed: %s", label, message)
-
-    def _fail_tasks_on_missing_pools(self, session: Session) -> bool:
-        """Fail our tasks whose pool is neither a quota nor an Airflow pool.
-
-        Airflow never queues a task whose pool does not exist, so a task naming an unknown quota as
-        its pool would otherwise wait for ever without a word (quota pools exist: _sync_pools).
-        """
-        assert self.quota_file is not None
-        name = getattr(self, "name", None)
-        ours = {type(self).__name__, *(n for n in (getattr(name, "alias", None), getattr(name, "module_path", None)) if n)}
-        executor = TaskInstance.executor.in_(ours)
-        default = ExecutorLoader.get_default_executor_name()
-        if name is not None and default.module_path == name.module_path:
-            executor = or_(executor, TaskInstance.executor.is_(None))
-        tis = session.scalars(
-            select(TaskInstance).where(
-                TaskInstance.state == TaskInstanceState.SCHEDULED,
-                TaskInstance.pool.not_in(select(Pool.pool)),
-                executor,
-            )
-        ).all()
-        quotas = ", ".join(q.name for queue in self.quota_file.queues for q in queue.quotas)
-        for ti in tis:
-            message = (
-                f"pool: {ti.pool!r} is not one of the quotas {quotas} (nor an Airflow pool), "
-                "so this task could never be queued"
-            )
-            where = [TaskInstance.id == ti.id, TaskInstance.state == TaskInstanceState.SCHEDULED]
-            self._mark_failed(where, ti.key, ti.key, message, session)
-        return bool(tis)
-
-    def _enforce_deadlines(self, session: Session) -> bool:
-        """Past its grace period, a stopping task is set to up_for_reschedule so that its supervisor
-        ends it (or to failed, past its preemption limit); it is killed if that does not work."""
-        assert self.launcher is not None
-        now = time.time()
-        changed = False
-        stopping = session.scalars(select(QuotaJob).where(QuotaJob.state == JobState.STOPPING.value)).all()
-        for job in stopping:
-            if job.forced_at is not None:
-                if now - job.forced_at > FORCE_KILL_AFTER_S:
-                    self.log.warning("Killing %s: still running after its state was changed", job.ti_label())
-                    self.launcher.kill(job.pid)
-                continue
-            if job.preempt_deadline is None or now < job.preempt_deadline:
-                continue
-            target = TaskInstanceState.FAILED if job.preempt_fail_message else TaskInstanceState.UP_FOR_RESCHEDULE
-            result = session.execute(
-                update(TaskInstance)
-                .where(*_ti_filter(job), TaskInstance.state == TaskInstanceState.RUNNING)
-                .values(state=target)
-                .execution_options(synchronize_session=False)
-            )
-            if not result.rowcount and self._ti_state(job, session) == TaskInstanceState.QUEUED:
-                self.launcher.kill(job.pid)  # the task never reported running: nothing to lose
-            job.forced_at = now
-            changed = True
-            record_event(
-                EventKind.FORCED, job=job, session=session, victim=job.job_id, preemptor=job.preempted_for,
-                reason=job.preempt_reason, message=f"grace period over; task set to {target.value}",
-            )
-            self.log.info("Grace period over for %s: task set to %s", job.ti_label(), target.value)
-        return changed
-
-    def _keep_queued_alive(self, session: Session) -> bool:
-        """Refresh queued_dttm of tasks waiting for quota (or launched and still starting) so that
-        ``task_queued_timeout`` does not revoke them and, after two revokes, fail them."""
-        now = time.time()
-        timeout = conf.getfloat("scheduler", "task_queued_timeout")
-        if now - self._last_keepalive < min(KEEPALIVE_EVERY_S, timeout / 4) or not conf.getboolean(
-            "quota", "keep_queued_alive", fallback=True
-        ):
-            return False
-        self._last_keepalive = now
-        cutoff = datetime.now(timezone.utc) - timedelta(seconds=timeout / 4)
-        # Waiting jobs, and launched ones whose task has not reported running yet (a slow start).
-        keys = session.execute(
-            select(QuotaJob.dag_id, QuotaJob.run_id, QuotaJob.task_id, QuotaJob.map_index).where(
-                QuotaJob.state.in_([JobState.PENDING.value, JobState.RUNNING.value, JobState.STOPPING.value]),
-                QuotaJob.workload.is_not(None),
-            )
-        ).all()
-        if not keys:
-            return False
-        result = session.execute(
-            update(TaskInstance)
-            .where(
-                tuple_(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index).in_(
-                    [tuple(k) for k in keys]
-                ),
-                TaskInstance.state == TaskInstanceState.QUEUED,
-                TaskInstance.queued_dttm < cutoff,
-            )
-            .values(queued_dttm=datetime.now(timezone.utc))
-            .execution_options(synchronize_session=False)
-        )
-        return bool(result.rowcount)
-
-    # ------------------------------------------------------------------------------- scheduling
-
-    def _schedule(self, session: Session) -> bool:
-        """Build the policy state per job queue, decide, and act on the decision."""
-        assert self.quota_file is not None and self.launcher is not None
-        now = time.time()
-        jobs = session.scalars(
-            select(QuotaJob)
-            .where(QuotaJob.state.in_([JobState.PENDING.value, JobState.RUNNING.value, JobState.STOPPING.value]))
-            .order_by(QuotaJob.submitted_at, QuotaJob.id)
-        ).all()
-        if not jobs:
-            return False
-        counts = {
-            (c.dag_id, c.run_id, c.task_id, c.map_index): c.count
-            for c in session.scalars(
-                select(QuotaPreemptionCount).where(
-                    tuple_(
-                        QuotaPreemptionCount.dag_id,
-                        QuotaPreemptionCount.run_id,
-                        QuotaPreemptionCount.task_id,
-                        QuotaPreemptionCount.map_index,
-                    ).in_([(j.dag_id, j.run_id, j.task_id, j.map_index) for j in jobs])
-                )
-            )
-        }
-        by_queue: dict[str, tuple[list[Job], list[Job]]] = {}
-        by_id = {j.job_id: j for j in jobs}
-        changed = False
-        quota_names = [q.name for queue in self.quota_file.queues for q in queue.quotas]
-        for job in jobs:
-            if job.state == JobState.PENDING.value and not job.workload:
-                continue  # revoked or not yet queued again: keeps its place, invisible until then
-            try:
-                queue = self.quota_file.queue_of(job.quota)
-            except (PolicyError, KeyError):
-                if job.state == JobState.PENDING.value:
-                    self._reject(job, self._unknown_quota_message(job, quota_names), session)
-                    changed = True
-                continue
-            if job.queue_name != queue.name:
-                job.queue_name = queue.name
-            running, pending = by_queue.setdefault(queue.name, ([], []))
-            pj = policy_job(job, counts.get((job.dag_id, job.run_id, job.task_id, job.map_index), 0))
-            (pending if job.state == JobState.PENDING.value else running).append(pj)
-
-        launches: list[QuotaJob] = []
-        for queue in self.quota_file.queues:
-            if queue.name not in by_queue:
-                continue
-            running, pending = by_queue[queue.name]
-            state = State.for_queue(queue, running, pending)
-            decision = decide(state, now)
-            for rejection in decision.reject:
-                self._reject(by_id[rejection.id], rejection.reason, session)
-                changed = True
-            for preemption in decision.preempt:
-                self._preempt(by_id[preemption.id], preemption, queue, now, session)
-                changed = True
-            in_use = {q.name: 0 for q in queue.quotas}
-            for job in running:
-                in_use[job.quota] = in_use.get(job.quota, 0) + job.gpus
-            for job_id in decision.admit:
-                job = by_id[job_id]
-                if self._admit(job, queue, in_use, now, session):
-                    launches.append(job)
-                    changed = True
-            for p in decision.pending:
-                job = by_id[p.id]
-                if (job.pending_reason, job.pending_position) != (p.reason, p.position):
-                    job.pending_reason, job.pending_position = p.reason, p.position
-                    changed = True
-        if launches:
-            session.commit()  # devices are recorded before any process exists
-            for job in launches:
-                self._launch(job, session)
-        return changed
-
-    def _unknown_quota_message(self, job: QuotaJob, names: list[str]) -> str:
-        if not job.quota:
-            return (
-                f"task {job.ti_label()} has no quota: set pool=<quota> (one of {', '.join(names)}) "
-                'or executor_config={"quota": {"quota": <quota>}}'
-            )
-        return f"quota: {job.quota!r} is not one of {', '.join(names)} (quota file {self._quota_path})"
-
-    def _reject(self, job: QuotaJob, reason: str, session: Session) -> None:
-        """A job that can never run: fail its task with the reason, keep serving everyone else."""
-        self._fail_ti(job, f"QuotaExecutor: {reason}", session, from_states=[TaskInstanceState.QUEUED])
-        job.state, job.finished_at, job.message = JobState.FAILED.value, time.time(), reason
-        job.pending_reason = job.pending_position = None
-        record_event(EventKind.REJECTED, job=job, session=session, message=reason)
-        self.running.discard(_key(job))
-
-    def _preempt(self, job: QuotaJob, preemption, queue, now: float, session: Session) -> None:
-        """Tell a running job to stop: write its preempt file; the deadline is its grace period."""
-        assert self.launcher is not None
-        quota = queue.quota(job.quota)
-        grace = job.grace_period_s if job.grace_period_s is not None else quota.grace_period_s
-        job.state = JobState.STOPPING.value
-        job.preempted_for = preemption.for_
-        job.preempt_reason = preemption.reason
-        job.preempt_deadline = now + float(grace)
-        job.preempt_fail_message = preemption.message if preemption.fail else None
-        notice = {"reason": preemption.reason, "preemptor": preemption.for_, "deadline": job.preempt_deadline}
-        if preemption.fail:
-            notice.update(fail=True, message=preemption.message)
-        self.launcher.write_preempt_notice(job.id, notice)
-        fields = dict(victim=job.job_id, preemptor=preemption.for_, reason=preemption.reason)
-        record_event(EventKind.PREEMPTED, job=job, session=session, message=preemption.message or None, **fields)
-        if preemption.reason == "reclaim":
-            record_event(EventKind.RECLAIMED, job=job, session=session, **fields)
-        if preemption.fail:
-            record_event(
-                EventKind.PREEMPTION_LIMIT_REACHED, job=job, session=session, message=preemption.message, **fields
-            )
-        self.log.info(
-            "Preempting %s for job %s (%s), grace %.0fs", job.ti_label(), preemption.for_, preemption.reason, grace
-        )
-
-    def _admit(self, job: QuotaJob, queue, in_use: dict[str, int], now: float, session: Session) -> bool:
-        """Give an admitted job its devices (lowest free indexes of its queue) and mark it running."""
-        ti_state = self._ti_state(job, session)
-        if ti_state != TaskInstanceState.QUEUED:  # cleared or marked by a person while it waited
-            job.state, job.finished_at = JobState.FINISHED.value, now
-            job.message = f"dropped: its task instance is {ti_state or 'none'}, no longer queued"
-            job.pending_reason = job.pending_position = None
-            record_event(EventKind.FINISHED, job=job, session=session, message=job.message)
-            self.running.discard(_key(job))
-            return False
-        held = allocated_devices(session=session)
-        free = [d for d in self.queue_devices.get(queue.name, []) if d not in held]
-        if len(free) < job.gpus:
-            self.log.warning("Job %s admitted but only %d devices are free; retrying", job.job_id, len(free))
-            return False
-        devices = free[: job.gpus]
-        allocate_devices(job, devices, session=session)
-        job.state, job.started_at = JobState.RUNNING.value, now
-        job.pending_reason = job.pending_position = None
-        in_use[job.quota] = in_use.get(job.quota, 0) + job.gpus
-        record_event(EventKind.ADMITTED, job=job, session=session, devices=",".join(devices))
-        capacity = queue.quota(job.quota).capacity
-        if in_use[job.quota] > capacity:
-            record_event(
-                EventKind.BORROWED,
-                job=job,
-                session=session,
-                devices=",".join(devices),
-                message=f"quota {job.quota} uses {in_use[job.quota]} of its {capacity} GPUs",
-            )
-        return True
-
-    def _launch(self, job: QuotaJob, session: Session) -> None:
-        """Start the admitted job's task with a fresh token and exactly its devices visible."""
-        assert self.launcher is not None
-        devices = devices_of(job.id, session=session)
-        try:
-            workload = workloads.ExecuteTask.model_validate_json(job.workload or "")
-            workload.token = workloads.ExecuteTask.generate_token(str(workload.ti.id), self.jwt_generator)
-            quota = self.quota_file.quota(job.quota) if self.quota_file else None
-            grace = job.grace_period_s if job.grace_period_s is not None else (quota.grace_period_s if quota else 0)
-            env = {
-                "CUDA_VISIBLE_DEVICES": ",".join(devices),
-                "QUOTA_JOB_ID": job.job_id,
-                "QUOTA_PREEMPTION_COUNT": str(
-                    preemption_count(job.dag_id, job.run_id, job.task_id, job.map_index, session=session)
-                ),
-                "QUOTA_GRACE_PERIOD_S": str(float(grace)),
-                "QUOTA_PREEMPT_FILE": str(self.launcher.preempt_file(job.id)),
-                "QUOTA_NAME": job.quota,
-            }
-            job.job_dir = str(self.launcher.job_dir(job.id))
-            job.pid = self.launcher.launch(job.id, workload, env)
-        except Exception as e:
-            self.log.exception("Could not launch %s", job.ti_label())
-            release_devices(job, session=session)
-            job.state, job.started_at = JobState.PENDING.value, None
-            job.pending_reason = f"launch failed: {e}"
-        session.flush()
 
     def debug_dump(self) -> None:
         super().debug_dump()

@@ -85,7 +85,8 @@ class JobResponse(BaseModel):
     quota: str = Field(description="Quota the job runs on.")
     queue: str | None = Field(description="Job queue of the quota, when the quota file names it.")
     gpus: int = Field(description="GPUs the job asks for.")
-    devices: list[str] = Field(description="GPU indexes the job holds now (empty unless running or stopping).")
+    host: str | None = Field(description="GPU host the job runs on, or ran on last (null before its first start).")
+    devices: list[str] = Field(description="GPU indexes the job holds now on its host (empty unless running or stopping).")
     priority: int = Field(description="Scheduling priority; higher runs first and may preempt lower.")
     preemptible: bool = Field(description="Whether the job may be preempted at all.")
     preemptions: int = Field(description="Times the task instance has been preempted so far.")
@@ -119,8 +120,8 @@ class EventResponse(BaseModel):
     id: int = Field(description="Event id, increasing.")
     at: datetime = Field(description="When it happened.")
     kind: str = Field(description="submitted, admitted, borrowed, preempted, reclaimed, stopped, released, "
-                      "finished, priority_changed, preemption_limit_reached, rejected, revoked, adopted, "
-                      "config_loaded or config_rejected.")
+                      "finished, priority_changed, preemption_limit_reached, rejected, revoked, adopted, evicted, "
+                      "host_joined, host_lost, config_loaded or config_rejected.")
     job_id: str | None = Field(description="Job the event is about, if any.")
     dag_id: str | None = Field(description="DAG of that job's task instance.")
     run_id: str | None = Field(description="DAG run of that job's task instance.")
@@ -130,6 +131,7 @@ class EventResponse(BaseModel):
     victim: str | None = Field(description="Preempted job id (preemption events).")
     preemptor: str | None = Field(description="Job id the victim was preempted for (preemption events).")
     reason: str | None = Field(description="within_quota | reclaim | borrow_within (preemption events).")
+    host: str | None = Field(description="GPU host of the devices, or the host joining or lost (host events).")
     devices: list[str] = Field(description="GPU indexes admitted or released (empty when none).")
     message: str | None = Field(description="Details in words.")
 

@@ -22,6 +22,7 @@ from airflow_quota_provider.models.job import (
     QuotaJob,
     QuotaPreemptionCount,
     allocated_devices,
+    device_sort_key,
     set_priority,
 )
 from airflow_quota_provider.plugins.datamodels import (
@@ -165,10 +166,9 @@ def _preemption_counts(jobs: Iterable[QuotaJob], *, session: Session) -> dict[tu
 def _devices_by_job(*, session: Session) -> dict[int, list[str]]:
     """Held devices per job id, in device order (one query for a whole page)."""
     out: dict[int, list[str]] = {}
-    for device, job_id in allocated_devices(session=session).items():
+    for (_, device), job_id in allocated_devices(session=session).items():
         out.setdefault(job_id, []).append(device)
-    return {job_id: sorted(devices, key=lambda d: (not d.isdigit(), int(d) if d.isdigit() else 0, d))
-            for job_id, devices in out.items()}
+    return {job_id: sorted(devices, key=device_sort_key) for job_id, devices in out.items()}
 
 
 def _job_response(
@@ -185,6 +185,7 @@ def _job_response(
         quota=job.quota,
         queue=job.queue_name or _queue_name(quota_file, job.quota),
         gpus=job.gpus,
+        host=job.host,
         devices=devices.get(job.id, []),
         priority=job.priority,
         preemptible=job.preemptible,
@@ -311,6 +312,7 @@ def _event_response(e: QuotaEvent) -> EventResponse:
         victim=e.victim,
         preemptor=e.preemptor,
         reason=e.reason,
+        host=e.host,
         devices=[d for d in (e.devices or "").split(",") if d],
         message=e.message,
     )

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_quota_provider.executors.local_launcher import LocalLauncher, discover_devices
-from airflow_quota_provider.executors.quota_executor import QuotaConfigError, load_config
+from airflow_quota_provider.executors.config import QuotaConfigError, discover_devices, load_config
+from airflow_quota_provider.executors.local_launcher import LocalLauncher, kill_tree
 
 
 def test_listed_devices_win():
@@ -135,7 +135,7 @@ def test_kill_reaches_what_the_task_started_in_a_session_of_its_own(tmp_path):
     supervisor = _supervisor(LEAVES_A_PROCESS_BEHIND.format(seconds=60) + "; import time; time.sleep(60)")
     task = int(supervisor.stdout.readline())
     left = int(supervisor.stdout.readline())
-    LocalLauncher(tmp_path).kill(supervisor.pid)
+    kill_tree(supervisor.pid)
     supervisor.wait(timeout=20)
     _wait_until(lambda: _state(task) in ("Z", "gone") and _state(left) in ("Z", "gone"), "the whole tree to die")
 

@@ -23,6 +23,7 @@ def record(event: str, **fields) -> None:
         "pid": os.getpid(),
         "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "preemptions": os.environ.get("QUOTA_PREEMPTION_COUNT"),
+        "host": os.environ.get("QUOTA_HOST"),
         **fields,
     }
     with open(root / f"cmd-{os.getpid()}.jsonl", "a") as f:

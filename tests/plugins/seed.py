@@ -28,11 +28,11 @@ def seed(cases: list[dict]) -> dict[str, int]:
 
 def seed_into(cases: list[dict], *, session) -> dict[str, int]:
     """Create the cases' jobs in ``session`` (flushed, not committed); case name -> job id."""
+    from airflow_quota_provider.models import transitions
     from airflow_quota_provider.models.job import (
         EventKind,
         JobState,
         QuotaJob,
-        allocate_devices,
         count_preemption,
         record_event,
     )
@@ -63,10 +63,7 @@ def seed_into(cases: list[dict], *, session) -> dict[str, int]:
             job.pending_reason = case.get("reason", "waiting for the next scheduling cycle")
             job.pending_position = case.get("position", 1)
         else:
-            devices = case.get("devices", [])
-            allocate_devices(job, devices, session=session)
-            job.state, job.started_at = JobState.RUNNING.value, now - 5
-            record_event(EventKind.ADMITTED, job=job, session=session, devices=",".join(devices))
+            transitions.admit(job, host="local", devices=case.get("devices", []), now=now - 5, session=session)
             if state == "finished":
                 job.state, job.finished_at, job.message = JobState.FINISHED.value, now, "exit code 0"
         jobs[case["case"]] = job
@@ -82,13 +79,11 @@ def seed_into(cases: list[dict], *, session) -> dict[str, int]:
 def finish(job_id: int) -> None:
     """End a running job the way the executor does: free its devices, mark it finished."""
     from airflow.utils.session import create_session
-    from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, record_event, release_devices
+    from airflow_quota_provider.models import transitions
+    from airflow_quota_provider.models.job import QuotaJob
 
     with create_session() as session:
-        job = session.get(QuotaJob, job_id)
-        release_devices(job, session=session)
-        job.state, job.finished_at, job.message = JobState.FINISHED.value, time.time(), "exit code 0"
-        record_event(EventKind.FINISHED, job=job, session=session, message=job.message)
+        transitions.finish(session.get(QuotaJob, job_id), "exit code 0", now=time.time(), session=session)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,103 @@
+"""``airflow quota worker``: one GPU host of the fleet.
+
+It registers the host (name, job queue, GPU indexes) in ``quota_host``, heartbeats every
+``[quota] host_heartbeat_s``, and runs ``airflow celery worker`` on the host's own Celery queue with
+the quota task and its remote-control commands loaded (:mod:`airflow_quota_provider.executors.celery_worker`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+
+from airflow.cli.cli_config import ActionCommand, Arg, lazy_load_command
+
+log = logging.getLogger(__name__)
+
+ARG_QUEUES = Arg(("--queues",), help="The job queue (of the quota file) this host serves", required=True)
+ARG_DEVICES = Arg(("--devices",), help="Comma-separated GPU indexes to hand out (default: nvidia-smi, else --virtual-gpus)")
+ARG_VIRTUAL_GPUS = Arg(
+    ("--virtual-gpus",), type=int, help="Virtual GPUs (indexes 0..N-1) when there is neither --devices nor nvidia-smi"
+)
+ARG_HOSTNAME = Arg(("--hostname",), help="The host's name in the fleet (default: this machine's hostname)")
+ARG_CONCURRENCY = Arg(("--concurrency",), type=int, help="Celery pool processes (default: one per GPU)")
+ARG_SKIP_SERVE_LOGS = Arg(("--skip-serve-logs",), action="store_true", help="Do not serve task logs from this host")
+
+WORKER_COMMAND = ActionCommand(
+    name="worker",
+    help="Run a GPU host of the fleet: register its GPUs, heartbeat, and run quota tasks through Celery",
+    func=lazy_load_command("airflow_quota_provider.cli.worker_command.worker"),
+    args=(ARG_QUEUES, ARG_DEVICES, ARG_VIRTUAL_GPUS, ARG_HOSTNAME, ARG_CONCURRENCY, ARG_SKIP_SERVE_LOGS),
+)
+
+
+def _job_queue(queues: str) -> str:
+    """The one job queue named by ``--queues``, checked against the quota file when one is set."""
+    from airflow.configuration import conf
+    from airflow_quota_provider.executors.config import QuotaConfigError, read_quota_file
+
+    names = [q.strip() for q in queues.split(",") if q.strip()]
+    if len(names) != 1:
+        raise SystemExit(f"Error: --queues: {queues!r}: a GPU host serves exactly one job queue")
+    path = conf.get("quota", "quota_file", fallback="")
+    if path:
+        try:
+            known = [q.name for q in read_quota_file(path).queues]
+        except QuotaConfigError as e:
+            raise SystemExit(f"Error: {e}")
+        if names[0] not in known:
+            raise SystemExit(f"Error: --queues: {names[0]!r} is not one of {', '.join(known)} (quota file {path})")
+    return names[0]
+
+
+def _heartbeat(name: str, every: float, stop: threading.Event) -> None:
+    from airflow.utils.session import create_session
+    from airflow_quota_provider.models.host import heartbeat_host
+
+    while not stop.wait(every):
+        try:
+            with create_session() as session:
+                heartbeat_host(name, session=session)
+        except Exception:
+            log.exception("Heartbeat of host %s failed; trying again in %.0f s", name, every)
+
+
+def worker(args) -> None:
+    from airflow.cli import cli_parser
+    from airflow.configuration import conf
+    from airflow.utils.session import create_session
+    from airflow_quota_provider.executors import celery_worker
+    from airflow_quota_provider.executors.config import discover_devices
+    from airflow_quota_provider.models.host import register_host
+
+    queue = _job_queue(args.queues)
+    virtual = args.virtual_gpus if args.virtual_gpus is not None else conf.getint("quota", "virtual_gpus", fallback=8)
+    try:
+        devices, source = discover_devices(args.devices or "", virtual)
+    except ValueError as e:
+        raise SystemExit(f"Error: {e}")
+    if not devices:
+        raise SystemExit(f"Error: no GPUs found ({source}); pass --devices or --virtual-gpus")
+    name = args.hostname or socket.gethostname()
+    home = conf.get("core", "airflow_home", fallback=os.environ.get("AIRFLOW_HOME", "."))
+    state_dir = conf.get("quota", "state_dir", fallback="") or os.path.join(home, "quota")
+    os.environ[celery_worker.STATE_DIR_ENV] = os.path.join(state_dir, f"host-{name}")
+    with create_session() as session:
+        register_host(name, queues=[queue], devices=devices, celery_name=f"celery@{name}", session=session)
+    log.info("GPU host %s serves job queue %s with GPUs %s (%s)", name, queue, ",".join(devices), source)
+    stop = threading.Event()
+    every = conf.getfloat("quota", "host_heartbeat_s", fallback=5.0)
+    threading.Thread(target=_heartbeat, args=(name, every, stop), name="quota-heartbeat", daemon=True).start()
+    argv = [
+        "celery", "worker", "--queues", celery_worker.host_queue(name),
+        "--concurrency", str(args.concurrency or len(devices)), "--celery-hostname", name,
+    ]
+    if args.skip_serve_logs:
+        argv.append("--skip-serve-logs")
+    celery_args = cli_parser.get_parser().parse_args(argv)
+    try:
+        celery_args.func(celery_args)
+    finally:
+        stop.set()

@@ -1,0 +1,150 @@
+"""Act on one job queue's decision: fail rejected tasks, tell victims to stop, give admitted jobs
+their devices on a host, and launch them once that is committed."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from airflow.executors import workloads
+from airflow.utils.state import TaskInstanceState
+from airflow_quota_provider.executors.task_instances import fail_ti, ti_key, ti_state
+from airflow_quota_provider.models import transitions
+from airflow_quota_provider.models.job import EventKind, QuotaJob, allocated_devices, devices_of, preemption_count, record_event
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from airflow_quota_provider.executors.launcher import HostDevices
+    from airflow_quota_provider.executors.quota_executor import QuotaExecutor
+    from airflow_quota_provider.executors.schedule import QueueCycle
+    from airflow_quota_provider.policy import Decision, Preemption
+
+
+class Act:
+    """Mixed into :class:`QuotaExecutor`."""
+
+    def _act(self: QuotaExecutor, cycle: QueueCycle, by_id: dict[str, QuotaJob], now: float, session: Session) -> bool:
+        decision = cycle.decision
+        changed = False
+        for rejection in decision.reject:
+            self._reject(by_id[rejection.id], rejection.reason, session)
+            changed = True
+        for preemption in decision.preempt:
+            self._preempt(by_id[preemption.id], preemption, cycle, now, session)
+            changed = True
+        in_use: dict[str, int] = {}
+        for job in cycle.running:
+            in_use[job.quota] = in_use.get(job.quota, 0) + job.gpus
+        held = set(allocated_devices(session=session)) if decision.admit else set()
+        for job_id in decision.admit:
+            host = self._host_for(cycle, decision, job_id)
+            changed |= self._admit(by_id[job_id], cycle, host, held, in_use, now, session)
+        for p in decision.pending:
+            job = by_id[p.id]
+            if (job.pending_reason, job.pending_position) != (p.reason, p.position):
+                job.pending_reason, job.pending_position = p.reason, p.position
+                changed = True
+        return changed
+
+    def _host_for(self: QuotaExecutor, cycle: QueueCycle, decision: Decision, job_id: str) -> HostDevices | None:
+        """The host the policy chose, or the queue's only host when the launcher has one per queue."""
+        name = decision.hosts.get(job_id)
+        for host in cycle.hosts:
+            if name is None or host.name == name:
+                return host
+        return None
+
+    def _reject(self: QuotaExecutor, job: QuotaJob, reason: str, session: Session) -> None:
+        """A job that can never run: fail its task with the reason, keep serving everyone else."""
+        fail_ti(job, f"QuotaExecutor: {reason}", session, from_states=[TaskInstanceState.QUEUED])
+        transitions.reject(job, reason, now=time.time(), session=session)
+        self.running.discard(ti_key(job))
+
+    def _preempt(self: QuotaExecutor, job: QuotaJob, preemption: Preemption, cycle: QueueCycle, now: float, session: Session) -> None:
+        """Tell a running job to stop: deliver its notice; the deadline is its grace period."""
+        quota = cycle.queue.quota(job.quota)
+        grace = job.grace_period_s if job.grace_period_s is not None else quota.grace_period_s
+        deadline = now + float(grace)
+        transitions.begin_stop(
+            job, preemptor=preemption.for_, reason=preemption.reason, deadline=deadline,
+            fail_message=preemption.message if preemption.fail else None, session=session,
+        )
+        notice = {"reason": preemption.reason, "preemptor": preemption.for_, "deadline": deadline}
+        if preemption.fail:
+            notice.update(fail=True, message=preemption.message)
+        if job.handle:
+            try:
+                self.launcher.notify(job.handle, notice, session=session)
+            except Exception:  # the deadline still stops it through Airflow
+                self.log.exception("Could not deliver the preemption notice to %s on %s", job.ti_label(), job.host)
+        self.log.info(
+            "Preempting %s on %s for job %s (%s), grace %.0fs", job.ti_label(), job.host, preemption.for_, preemption.reason, grace
+        )
+
+    def _admit(
+        self: QuotaExecutor,
+        job: QuotaJob,
+        cycle: QueueCycle,
+        host: HostDevices | None,
+        held: set[tuple[str, str]],
+        in_use: dict[str, int],
+        now: float,
+        session: Session,
+    ) -> bool:
+        """Give an admitted job its devices (lowest free indexes on its host) and mark it running."""
+        state = ti_state(job, session)
+        if state != TaskInstanceState.QUEUED:  # cleared or marked by a person while it waited
+            transitions.drop(job, f"dropped: its task instance is {state or 'none'}, no longer queued", now=now, session=session)
+            self.running.discard(ti_key(job))
+            return True
+        free = [d for d in host.devices if (host.name, d) not in held] if host else []
+        if len(free) < job.gpus:
+            self.log.warning("Job %s admitted but only %d devices are free on %s; retrying", job.job_id, len(free), host and host.name)
+            return False
+        devices = free[: job.gpus]
+        held.update((host.name, d) for d in devices)
+        transitions.admit(job, host=host.name, devices=devices, now=now, session=session)
+        in_use[job.quota] = in_use.get(job.quota, 0) + job.gpus
+        capacity = cycle.queue.quota(job.quota).capacity
+        if in_use[job.quota] > capacity:
+            record_event(
+                EventKind.BORROWED, job=job, session=session, host=host.name, devices=",".join(devices),
+                message=f"quota {job.quota} uses {in_use[job.quota]} of its {capacity} GPUs",
+            )
+        self._to_launch.append(job)
+        return True
+
+    def _launch_admitted(self: QuotaExecutor, session: Session) -> bool:
+        """Launch the jobs admitted this cycle, once their devices are committed."""
+        if not self._to_launch:
+            return False
+        session.commit()  # devices are recorded before any process exists
+        launches, self._to_launch = self._to_launch, []
+        for job in launches:
+            self._launch(job, session)
+        return True
+
+    def _launch(self: QuotaExecutor, job: QuotaJob, session: Session) -> None:
+        """Start the admitted job's task with a fresh token and exactly its devices visible."""
+        try:
+            workload = workloads.ExecuteTask.model_validate_json(job.workload or "")
+            workload.token = workloads.ExecuteTask.generate_token(str(workload.ti.id), self.jwt_generator)
+            quota = self.quota_file.quota(job.quota)
+            grace = job.grace_period_s if job.grace_period_s is not None else quota.grace_period_s
+            env = {
+                "CUDA_VISIBLE_DEVICES": ",".join(devices_of(job.id, session=session)),
+                "QUOTA_JOB_ID": job.job_id,
+                "QUOTA_HOST": job.host or "",
+                "QUOTA_PREEMPTION_COUNT": str(
+                    preemption_count(job.dag_id, job.run_id, job.task_id, job.map_index, session=session)
+                ),
+                "QUOTA_GRACE_PERIOD_S": str(float(grace)),
+                "QUOTA_NAME": job.quota,
+            }
+            handle = self.launcher.launch(job_id=job.id, host=job.host, workload=workload, env=env, session=session)
+            transitions.launched(job, handle)
+        except Exception as e:
+            self.log.exception("Could not launch %s on %s", job.ti_label(), job.host)
+            transitions.launch_failed(job, str(e), session=session)
+        session.flush()

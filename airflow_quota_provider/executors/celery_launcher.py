@@ -1,0 +1,105 @@
+"""The scheduler's side of the Celery launcher: jobs go to the GPU host the policy chose.
+
+Hosts register themselves (``airflow quota worker``, table ``quota_host``); their devices are the
+pool. A launch is a row in ``quota_launch`` (committed first, so that the worker can tell a live
+launch from a cancelled one) and a message published by task name to the host's own Celery queue,
+with a fresh task id as the handle. Preemption notices and hard kills are Celery remote-control
+commands addressed to that one worker; outcomes come from Airflow's task instance state and the
+launch row, never from Celery's result state (a task that trapped SIGTERM ends SUCCESS there).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from airflow_quota_provider.executors.celery_worker import TASK_NAME, host_queue
+from airflow_quota_provider.executors.launcher import HostDevices, Liveness, Status
+from airflow_quota_provider.models.host import (
+    HostState,
+    LaunchState,
+    QuotaHost,
+    cancel_launches,
+    launches,
+    list_hosts,
+    record_launch,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from airflow.executors.workloads import ExecuteTask
+    from airflow_quota_provider.policy import QuotaFile
+
+
+class CeleryLauncher:
+    places_on_hosts = True
+
+    def __init__(self, app=None) -> None:
+        if app is None:
+            from airflow.providers.celery.executors.celery_executor_utils import app
+        self.app = app
+
+    def hosts(self, quota_file: QuotaFile, *, session: Session) -> list[HostDevices]:
+        return [
+            HostDevices(host.name, queue, tuple(host.device_list))
+            for host in list_hosts(session=session, active_only=True)
+            for queue in host.queue_list
+        ]
+
+    def launch(self, *, job_id: int, host: str, workload: ExecuteTask, env: dict[str, str], session: Session) -> str:
+        handle = f"quota-{job_id}-{uuid.uuid4().hex}"  # fresh per launch: workers remember revoked ids
+        record_launch(handle, job_id=job_id, host=host, session=session)
+        session.commit()
+        try:
+            self.app.send_task(
+                TASK_NAME, args=(workload.model_dump_json(), job_id, env), queue=host_queue(host), task_id=handle
+            )
+        except Exception:
+            cancel_launches([handle], session=session)
+            raise
+        return handle
+
+    def status(self, handles: Mapping[str, int], *, session: Session) -> dict[str, Status]:
+        rows = launches(handles, session=session)
+        lost = {h.name for h in list_hosts(session=session) if h.state == HostState.LOST.value}
+        out = {}
+        for handle in handles:
+            launch = rows.get(handle)
+            if launch is None or launch.state == LaunchState.CANCELLED.value:
+                out[handle] = Status(Liveness.ENDED)
+            elif launch.state == LaunchState.ENDED.value:
+                out[handle] = Status(Liveness.ENDED, launch.rc)
+            elif launch.host in lost:
+                out[handle] = Status(Liveness.LOST)
+            else:
+                out[handle] = Status(Liveness.RUNNING)
+        return out
+
+    def notify(self, handle: str, notice: dict, *, session: Session) -> None:
+        launch = launches([handle], session=session).get(handle)
+        if launch is not None:
+            self._command(launch.host, "quota_notify", {"job_id": launch.job_id, "notice": notice}, session)
+
+    def kill(self, handle: str, *, session: Session) -> None:
+        launch = launches([handle], session=session).get(handle)
+        if launch is None:
+            return
+        if launch.worker_pid:
+            self._command(launch.host, "quota_kill", {"worker_pid": launch.worker_pid}, session)
+        destination = self._destination(launch.host, session)
+        self.app.control.revoke(handle, terminate=True, signal="SIGKILL", destination=destination)
+
+    def forget(self, handle: str, *, session: Session) -> None:
+        cancel_launches([handle], session=session)
+
+    def _destination(self, host: str, session: Session) -> list[str] | None:
+        row = session.get(QuotaHost, host)
+        return [row.celery_name] if row is not None and row.celery_name else None
+
+    def _command(self, host: str, name: str, arguments: dict, session: Session) -> None:
+        destination = self._destination(host, session)
+        if destination is None:
+            raise LookupError(f"host {host!r} is not registered: cannot send it {name}")
+        self.app.control.broadcast(name, arguments=arguments, destination=destination, reply=False)

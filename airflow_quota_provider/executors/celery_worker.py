@@ -1,0 +1,114 @@
+"""The GPU host's side of the Celery launcher: our Celery task and two remote-control commands.
+
+``airflow quota worker`` imports this module into ``airflow celery worker`` before the worker
+starts, so that the task is registered on Airflow's Celery app and the control commands in the
+worker's main process. Each host consumes a Celery queue of its own (:func:`host_queue`).
+
+- :func:`execute_quota_workload` runs one launch: it refuses a launch the scheduler cancelled (a
+  message redelivered after its host was lost), runs the task supervisor with
+  ``BaseExecutor.run_workload`` in an environment carrying ``CUDA_VISIBLE_DEVICES`` and the
+  ``QUOTA_*`` variables, restores the worker's environment (a prefork child runs many tasks), and
+  records the exit code. How the try ended is the task instance's state, never this task's result.
+- ``quota_notify`` writes a preemption notice where the task polls for it (``QUOTA_PREEMPT_FILE``).
+- ``quota_kill`` kills what a launch's worker process started (the task and its descendants).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from celery.signals import worker_process_init
+from celery.worker.control import control_command
+
+from airflow.providers.celery.executors.celery_executor_utils import app
+from airflow_quota_provider.executors.local_launcher import LocalLauncher, _children, become_subreaper, kill_tree
+
+log = logging.getLogger(__name__)
+
+TASK_NAME = "quota_execute_workload"
+STATE_DIR_ENV = "QUOTA_WORKER_STATE_DIR"
+"""The worker's job directory root (preempt notices), set by ``airflow quota worker``."""
+
+
+def host_queue(host: str) -> str:
+    """The Celery queue that only ``host``'s worker consumes."""
+    return f"quota-host-{host}"
+
+
+def _jobs() -> LocalLauncher:
+    return LocalLauncher(Path(os.environ.get(STATE_DIR_ENV) or "quota"))
+
+
+@worker_process_init.connect
+def _fresh_connections(**_) -> None:
+    """A forked pool process must not share the parent's database connections."""
+    from airflow import settings
+
+    if settings.engine is not None:
+        settings.engine.dispose(close=False)
+
+
+@app.task(name=TASK_NAME, bind=True, acks_late=True)
+def execute_quota_workload(self, workload_json: str, job_id: int, env: dict[str, str]) -> int:
+    from airflow.executors.base_executor import BaseExecutor
+    from airflow.executors.workloads import ExecuteTask
+    from airflow.utils.session import create_session
+    from airflow_quota_provider.models.host import end_launch, start_launch
+
+    handle = self.request.id
+    with create_session() as session:
+        if not start_launch(handle, worker_pid=os.getpid(), session=session):
+            log.warning("Launch %s of job %s was cancelled or is unknown: not running it", handle, job_id)
+            return -1
+    jobs = _jobs()
+    jobs.job_dir(job_id).mkdir(parents=True, exist_ok=True)
+    jobs.preempt_file(job_id).unlink(missing_ok=True)
+    saved = dict(os.environ)
+    rc = 1
+    try:
+        os.environ.update(env)
+        os.environ["QUOTA_PREEMPT_FILE"] = str(jobs.preempt_file(job_id))
+        become_subreaper()  # what the task leaves behind stays ours, and is ended below
+        workload = ExecuteTask.model_validate_json(workload_json)
+        log.info("[%s] job %s on GPUs %s: %s", handle, job_id, env.get("CUDA_VISIBLE_DEVICES"), workload.display_name)
+        rc = int(BaseExecutor.run_workload(workload, subprocess_logs_to_stdout=False) or 0)
+    except Exception:
+        log.exception("[%s] the task supervisor of job %s failed", handle, job_id)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        for child in _children(os.getpid()) or ():
+            kill_tree(int(child))
+        _reap()
+        with create_session() as session:
+            end_launch(handle, rc=rc, session=session)
+    return rc
+
+
+def _reap() -> None:
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+@control_command(args=[("job_id", int), ("notice", json.loads)], signature="<job_id> <notice-json>")
+def quota_notify(state, job_id: int, notice: dict) -> dict:
+    """Write job ``job_id``'s preemption notice on this host."""
+    path = _jobs().write_preempt_notice(int(job_id), notice)
+    return {"ok": str(path)}
+
+
+@control_command(args=[("worker_pid", int)], signature="<worker-pid>")
+def quota_kill(state, worker_pid: int) -> dict:
+    """SIGKILL everything the pool process ``worker_pid`` started for its launch (not the pool
+    process itself: it records the exit and takes the next task)."""
+    children = _children(int(worker_pid)) or []
+    for child in children:
+        kill_tree(int(child))
+    return {"ok": len(children)}

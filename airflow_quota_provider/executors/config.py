@@ -1,0 +1,120 @@
+"""QuotaExecutor's configuration: the quota file, the GPUs of this machine, and which launcher.
+
+A bad quota file at start stops the scheduler with the field named; a bad edit while running keeps
+the last good configuration (:meth:`QuotaConfig.reload`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+
+from airflow_quota_provider.policy import PolicyError, QuotaFile, load_quota_file
+
+log = logging.getLogger(__name__)
+
+LAUNCHERS = ("local", "celery")
+
+
+class QuotaConfigError(ValueError):
+    """The quota file or the launcher's devices cannot be used; the message names the field."""
+
+
+def discover_devices(devices: str, virtual_gpus: int) -> tuple[list[str], str]:
+    """The GPU indexes to hand out and where they came from.
+
+    ``[quota] devices`` (comma-separated indexes) wins; else ``nvidia-smi``; else ``virtual_gpus``
+    virtual indexes ``0..N-1`` so that quotas work on a laptop.
+    """
+    listed = [d.strip() for d in (devices or "").split(",") if d.strip()]
+    if listed:
+        if len(set(listed)) != len(listed):
+            raise ValueError(f"[quota] devices: {devices!r} lists a device twice")
+        return listed, "[quota] devices"
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=index", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+            ).stdout
+            found = [line.strip() for line in out.splitlines() if line.strip()]
+            if found:
+                return found, "nvidia-smi"
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("nvidia-smi failed (%s); using [quota] virtual_gpus", e)
+    if virtual_gpus < 0:
+        raise ValueError(f"[quota] virtual_gpus: {virtual_gpus} is negative")
+    return [str(i) for i in range(virtual_gpus)], "[quota] virtual_gpus"
+
+
+def read_quota_file(path: str) -> QuotaFile:
+    """The quota file at ``path``; errors name ``[quota] quota_file`` or the bad field."""
+    if not path:
+        raise QuotaConfigError("[quota] quota_file: not set; point it at the quota file (YAML)")
+    try:
+        return load_quota_file(path)
+    except PolicyError as e:
+        raise QuotaConfigError(f"{path}: {e}") from None
+    except OSError as e:
+        raise QuotaConfigError(f"[quota] quota_file: cannot read {path}: {e.strerror}") from None
+
+
+def split_devices(quota_file: QuotaFile, devices: Sequence[str], path: str = "") -> dict[str, list[str]]:
+    """Split one machine's devices among the quota file's job queues, in file order."""
+    split: dict[str, list[str]] = {}
+    start = 0
+    for i, queue in enumerate(quota_file.queues):
+        if start + queue.capacity > len(devices):
+            raise QuotaConfigError(
+                f"{path or 'quota file'}: queues[{i}].capacity: {queue.capacity} GPUs, but only "
+                f"{len(devices) - start} of the launcher's {len(devices)} devices are left for it "
+                "([quota] devices, nvidia-smi or [quota] virtual_gpus)"
+            )
+        split[queue.name] = list(devices[start : start + queue.capacity])
+        start += queue.capacity
+    return split
+
+
+def load_config(path: str, devices: Sequence[str]) -> tuple[QuotaFile, dict[str, list[str]]]:
+    """Read the quota file and split this machine's devices among its job queues (local launcher)."""
+    quota_file = read_quota_file(path)
+    return quota_file, split_devices(quota_file, devices, path)
+
+
+class QuotaConfig:
+    """The quota file in force, re-read when it changes on disk."""
+
+    def __init__(self, path: str, devices: Sequence[str] | None) -> None:
+        """``devices`` are this machine's GPUs (local launcher), None on a fleet (hosts register)."""
+        self.path = path
+        self.devices = devices
+        self.quota_file = self._load()
+        self.mtime = self._mtime()
+
+    def _load(self) -> QuotaFile:
+        if self.devices is None:
+            return read_quota_file(self.path)
+        return load_config(self.path, self.devices)[0]
+
+    def _mtime(self) -> float | None:
+        try:
+            return os.stat(self.path).st_mtime
+        except OSError:
+            return None
+
+    def reload(self) -> bool:
+        """Re-read the file if it changed; True when it did. Raises :class:`QuotaConfigError` for a bad
+        edit, keeping the last good configuration."""
+        mtime = self._mtime()
+        if mtime == self.mtime:
+            return False
+        self.mtime = mtime
+        self.quota_file = self._load()
+        return True

@@ -1,0 +1,75 @@
+"""The seam between QuotaExecutor and where task processes run.
+
+A launcher starts an admitted job's task on devices of one host and hands back an opaque *handle*;
+afterwards the executor asks which handles still run, delivers preemption notices and kills, by
+handle alone. :class:`~airflow_quota_provider.executors.local_launcher.LocalLauncher` forks on the
+scheduler's machine; :class:`~airflow_quota_provider.executors.celery_launcher.CeleryLauncher`
+sends the job to a GPU host's Celery worker. The executor knows neither pids nor notice files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from airflow.executors.workloads import ExecuteTask
+    from airflow_quota_provider.policy import QuotaFile
+
+
+class Liveness(str, Enum):
+    """What a launcher knows of one handle."""
+
+    RUNNING = "running"
+    """The task's process (or its supervisor) still runs, or has not started yet."""
+    TASK_EXITED = "task_exited"
+    """The task and everything it started are gone; its supervisor is still finishing. Once the task
+    instance says the try ended, the devices are free."""
+    ENDED = "ended"
+    """The supervisor is gone; ``rc`` is its exit code, None when it was killed."""
+    LOST = "lost"
+    """Its host is lost: nothing more will be heard of it."""
+
+
+@dataclass(frozen=True)
+class Status:
+    liveness: Liveness
+    rc: int | None = None
+
+
+@dataclass(frozen=True)
+class HostDevices:
+    """GPUs one host gives to one job queue."""
+
+    name: str
+    queue: str
+    devices: tuple[str, ...]
+
+
+class Launcher(Protocol):
+    places_on_hosts: bool
+    """True when jobs may land on several hosts, so the policy places them (DESIGN §2, hosts);
+    False for one implicit host per queue (the policy behaves exactly as without hosts)."""
+
+    def hosts(self, quota_file: QuotaFile, *, session: Session) -> list[HostDevices]:
+        """The hosts whose devices are in the pool now, per job queue."""
+
+    def launch(self, *, job_id: int, host: str, workload: ExecuteTask, env: dict[str, str], session: Session) -> str:
+        """Start ``workload`` on ``host`` with ``env`` (``CUDA_VISIBLE_DEVICES`` and ``QUOTA_*``) added
+        to the environment; returns the handle."""
+
+    def status(self, handles: Mapping[str, int], *, session: Session) -> dict[str, Status]:
+        """Liveness of each handle (``handle -> job id``)."""
+
+    def notify(self, handle: str, notice: dict, *, session: Session) -> None:
+        """Deliver a preemption notice to the task (``QUOTA_PREEMPT_FILE`` on its host)."""
+
+    def kill(self, handle: str, *, session: Session) -> None:
+        """Kill the task's process tree now."""
+
+    def forget(self, handle: str, *, session: Session) -> None:
+        """The executor is done with ``handle`` (its job was settled)."""

@@ -1,0 +1,217 @@
+"""Reconcile: bring the job table in line with what processes, hosts and Airflow did since the last
+heartbeat. Each step returns whether it changed something (then the next cycle decides anew)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
+
+from sqlalchemy import or_, select, tuple_, update
+
+from airflow.configuration import conf
+from airflow.executors.executor_loader import ExecutorLoader
+from airflow.models.pool import Pool
+from airflow.models.taskinstance import TaskInstance
+from airflow.utils.state import TaskInstanceState
+from airflow_quota_provider.executors.launcher import Liveness
+from airflow_quota_provider.executors.task_instances import (
+    BACK_IN_LINE,
+    TRY_ENDED,
+    fail_ti,
+    mark_failed,
+    set_ti_state,
+    ti_key,
+    ti_state,
+)
+from airflow_quota_provider.models import transitions
+from airflow_quota_provider.models.host import mark_lost_hosts
+from airflow_quota_provider.models.job import JobState, QuotaJob
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from airflow_quota_provider.executors.quota_executor import QuotaExecutor
+
+# A stopping task whose supervisor has not ended it this long after its state was changed is killed.
+FORCE_KILL_AFTER_S = 60.0
+KEEPALIVE_EVERY_S = 5.0
+HOST_CHECK_EVERY_S = 2.0
+
+
+class Reconcile:
+    """Mixed into :class:`QuotaExecutor`."""
+
+    def _holding_jobs(self: QuotaExecutor, session: Session) -> list[QuotaJob]:
+        return list(
+            session.scalars(
+                select(QuotaJob).where(
+                    QuotaJob.state.in_([JobState.RUNNING.value, JobState.STOPPING.value]), QuotaJob.handle.is_not(None)
+                )
+            )
+        )
+
+    def _check_hosts(self: QuotaExecutor, session: Session) -> bool:
+        """Mark hosts that stopped heartbeating as lost (their jobs are evicted by :meth:`_watch_launches`)."""
+        now = time.time()
+        if not self.launcher.places_on_hosts or now - self._last_host_check < HOST_CHECK_EVERY_S:
+            return False
+        self._last_host_check = now
+        lost = mark_lost_hosts(conf.getfloat("quota", "host_lost_after_s", fallback=30.0), now=now, session=session)
+        for host in lost:
+            self.log.warning("GPU host %s lost: no heartbeat since %.0f s; its jobs are requeued", host.name, now - host.heartbeat_at)
+        return bool(lost)
+
+    def _watch_launches(self: QuotaExecutor, session: Session) -> bool:
+        """Settle jobs whose process has ended or whose host is lost: finished, preempted, evicted, or
+        past the preemption limit."""
+        jobs = self._holding_jobs(session)
+        if not jobs:
+            return False
+        statuses = self.launcher.status({job.handle: job.id for job in jobs}, session=session)
+        changed = False
+        for job in jobs:
+            status = statuses[job.handle]
+            if status.liveness == Liveness.RUNNING:
+                continue
+            state = ti_state(job, session)
+            if status.liveness == Liveness.TASK_EXITED:
+                # Not started yet, or ended without a word (wait for the supervisor); asked again
+                # after the state, in case the task started and ended in between.
+                again = self.launcher.status({job.handle: job.id}, session=session)[job.handle].liveness
+                if state not in TRY_ENDED or again == Liveness.RUNNING:
+                    continue
+                ended = f"task process ended, task {state}"
+            elif status.liveness == Liveness.LOST:
+                self._evict(job, state, session)
+                changed = True
+                continue
+            else:
+                ended = f"exit code {status.rc}" if status.rc is not None else None
+            self.launcher.forget(job.handle, session=session)
+            self._settle(job, state, ended, session)
+            changed = True
+        return changed
+
+    def _settle(self: QuotaExecutor, job: QuotaJob, state: str | None, ended: str | None, session: Session) -> None:
+        now = time.time()
+        if job.state == JobState.STOPPING.value and job.preempt_fail_message:
+            fail_ti(job, job.preempt_fail_message, session)
+            transitions.fail_at_limit(job, now=now, session=session)
+            self.running.discard(ti_key(job))
+        elif job.state == JobState.STOPPING.value and state in BACK_IN_LINE:
+            requeued = state == TaskInstanceState.QUEUED and bool(job.workload)
+            transitions.settle_stopped(job, requeued=requeued, session=session)
+            if not requeued:
+                self.running.discard(ti_key(job))
+        else:
+            transitions.finish(job, ended or "process killed", now=now, session=session)
+            key = ti_key(job)
+            self.running.add(key)  # change_state removes it
+            if ended is None:
+                self.fail(key, info="QuotaExecutor: the task process was killed")
+            else:
+                self.success(key)
+
+    def _evict(self: QuotaExecutor, job: QuotaJob, state: str | None, session: Session) -> None:
+        """The job's host is lost: stop its task instance without a retry and put the job back in
+        line. A supervisor that is still alive over there sees 409 on its next heartbeat and stops."""
+        why = f"host {job.host} lost"
+        self.launcher.forget(job.handle, session=session)
+        if job.state == JobState.STOPPING.value and job.preempt_fail_message:
+            self._settle(job, state, None, session)
+            return
+        if state == TaskInstanceState.RUNNING:
+            set_ti_state(job, TaskInstanceState.UP_FOR_RESCHEDULE, from_states=[TaskInstanceState.RUNNING], session=session)
+            state = TaskInstanceState.UP_FOR_RESCHEDULE
+        requeued = state == TaskInstanceState.QUEUED and bool(job.workload)
+        transitions.evict(job, requeued=requeued, why=why, session=session)
+        if not requeued:
+            self.running.discard(ti_key(job))
+        self.log.warning("Evicted %s: %s; it waits at its original place", job.ti_label(), why)
+
+    def _enforce_deadlines(self: QuotaExecutor, session: Session) -> bool:
+        """Past its grace period, a stopping task is set to up_for_reschedule so that its supervisor
+        ends it (or to failed, past its preemption limit); it is killed if that does not work."""
+        now = time.time()
+        changed = False
+        stopping = session.scalars(select(QuotaJob).where(QuotaJob.state == JobState.STOPPING.value)).all()
+        for job in stopping:
+            if job.forced_at is not None:
+                if now - job.forced_at > FORCE_KILL_AFTER_S and job.handle:
+                    self.log.warning("Killing %s: still running after its state was changed", job.ti_label())
+                    self.launcher.kill(job.handle, session=session)
+                continue
+            if job.preempt_deadline is None or now < job.preempt_deadline:
+                continue
+            target = TaskInstanceState.FAILED if job.preempt_fail_message else TaskInstanceState.UP_FOR_RESCHEDULE
+            moved = set_ti_state(job, target, from_states=[TaskInstanceState.RUNNING], session=session)
+            if not moved and ti_state(job, session) == TaskInstanceState.QUEUED and job.handle:
+                self.launcher.kill(job.handle, session=session)  # the task never reported running: nothing to lose
+            transitions.force_stop(job, target=target.value, now=now, session=session)
+            changed = True
+            self.log.info("Grace period over for %s: task set to %s", job.ti_label(), target.value)
+        return changed
+
+    def _keep_queued_alive(self: QuotaExecutor, session: Session) -> bool:
+        """Refresh queued_dttm of tasks waiting for quota (or launched and still starting) so that
+        ``task_queued_timeout`` does not revoke them and, after two revokes, fail them."""
+        now = time.time()
+        timeout = conf.getfloat("scheduler", "task_queued_timeout")
+        if now - self._last_keepalive < min(KEEPALIVE_EVERY_S, timeout / 4) or not conf.getboolean(
+            "quota", "keep_queued_alive", fallback=True
+        ):
+            return False
+        self._last_keepalive = now
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=timeout / 4)
+        # Waiting jobs, and launched ones whose task has not reported running yet (a slow start).
+        keys = session.execute(
+            select(QuotaJob.dag_id, QuotaJob.run_id, QuotaJob.task_id, QuotaJob.map_index).where(
+                QuotaJob.state.in_([JobState.PENDING.value, JobState.RUNNING.value, JobState.STOPPING.value]),
+                QuotaJob.workload.is_not(None),
+            )
+        ).all()
+        if not keys:
+            return False
+        result = session.execute(
+            update(TaskInstance)
+            .where(
+                tuple_(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index).in_(
+                    [tuple(k) for k in keys]
+                ),
+                TaskInstance.state == TaskInstanceState.QUEUED,
+                TaskInstance.queued_dttm < cutoff,
+            )
+            .values(queued_dttm=datetime.now(timezone.utc))
+            .execution_options(synchronize_session=False)
+        )
+        return bool(result.rowcount)
+
+    def _fail_tasks_on_missing_pools(self: QuotaExecutor, session: Session) -> bool:
+        """Fail our tasks whose pool is neither a quota nor an Airflow pool.
+
+        Airflow never queues a task whose pool does not exist, so a task naming an unknown quota as
+        its pool would otherwise wait for ever without a word (quota pools exist: _sync_pools).
+        """
+        name = getattr(self, "name", None)
+        ours = {type(self).__name__, *(n for n in (getattr(name, "alias", None), getattr(name, "module_path", None)) if n)}
+        executor = TaskInstance.executor.in_(ours)
+        default = ExecutorLoader.get_default_executor_name()
+        if name is not None and default.module_path == name.module_path:
+            executor = or_(executor, TaskInstance.executor.is_(None))
+        tis = session.scalars(
+            select(TaskInstance).where(
+                TaskInstance.state == TaskInstanceState.SCHEDULED,
+                TaskInstance.pool.not_in(select(Pool.pool)),
+                executor,
+            )
+        ).all()
+        quotas = ", ".join(q.name for queue in self.quota_file.queues for q in queue.quotas)
+        for ti in tis:
+            message = (
+                f"pool: {ti.pool!r} is not one of the quotas {quotas} (nor an Airflow pool), "
+                "so this task could never be queued"
+            )
+            where = [TaskInstance.id == ti.id, TaskInstance.state == TaskInstanceState.SCHEDULED]
+            mark_failed(where, ti.key, ti.key, message, session)
+        return bool(tis)

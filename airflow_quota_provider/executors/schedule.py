@@ -1,0 +1,119 @@
+"""Schedule: build each job queue's policy state from the tables and the launcher's hosts, and ask
+the policy core what to do. Acting on the answer is :mod:`.act`'s."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select, tuple_
+
+from airflow_quota_provider.executors.launcher import HostDevices
+from airflow_quota_provider.models.job import JobState, QuotaJob, QuotaPreemptionCount, policy_job
+from airflow_quota_provider.policy import Decision, Host, Job, PolicyError, Queue, State, decide
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from airflow_quota_provider.executors.quota_executor import QuotaExecutor
+
+
+@dataclass
+class QueueCycle:
+    """One job queue in one cycle: what the policy saw and what it decided."""
+
+    queue: Queue
+    hosts: list[HostDevices]
+    running: list[Job] = field(default_factory=list)
+    pending: list[Job] = field(default_factory=list)
+    decision: Decision | None = None
+
+
+class Schedule:
+    """Mixed into :class:`QuotaExecutor`."""
+
+    def _schedule(self: QuotaExecutor, session: Session) -> bool:
+        """Decide for every job queue with jobs, then act on the decisions."""
+        jobs = session.scalars(
+            select(QuotaJob)
+            .where(QuotaJob.state.in_([JobState.PENDING.value, JobState.RUNNING.value, JobState.STOPPING.value]))
+            .order_by(QuotaJob.submitted_at, QuotaJob.id)
+        ).all()
+        if not jobs:
+            return False
+        now = time.time()
+        cycles, changed = self._queue_states(jobs, session)
+        by_id = {j.job_id: j for j in jobs}
+        for cycle in cycles:
+            cycle.decision = decide(self._policy_state(cycle), now)
+            changed |= self._act(cycle, by_id, now, session)
+        return self._launch_admitted(session) or changed
+
+    def _queue_states(self: QuotaExecutor, jobs: Sequence[QuotaJob], session: Session) -> tuple[list[QueueCycle], bool]:
+        """Group the jobs by job queue as the policy sees them; jobs of unknown quotas are rejected."""
+        counts = _preemption_counts(jobs, session)
+        hosts = self.launcher.hosts(self.quota_file, session=session)
+        cycles: dict[str, QueueCycle] = {}
+        changed = False
+        quota_names = [q.name for queue in self.quota_file.queues for q in queue.quotas]
+        for job in jobs:
+            if job.state == JobState.PENDING.value and not job.workload:
+                continue  # revoked or not yet queued again: keeps its place, invisible until then
+            try:
+                queue = self.quota_file.queue_of(job.quota)
+            except (PolicyError, KeyError):
+                if job.state == JobState.PENDING.value:
+                    self._reject(job, self._unknown_quota_message(job, quota_names), session)
+                    changed = True
+                continue
+            if job.queue_name != queue.name:
+                job.queue_name = queue.name
+            cycle = cycles.get(queue.name)
+            if cycle is None:
+                cycle = cycles[queue.name] = QueueCycle(queue, [h for h in hosts if h.queue == queue.name])
+            pj = policy_job(
+                job, counts.get((job.dag_id, job.run_id, job.task_id, job.map_index), 0),
+                placed=self.launcher.places_on_hosts,
+            )
+            (cycle.pending if job.state == JobState.PENDING.value else cycle.running).append(pj)
+        ordered = [cycles[q.name] for q in self.quota_file.queues if q.name in cycles]
+        return ordered, changed
+
+    def _policy_state(self: QuotaExecutor, cycle: QueueCycle) -> State:
+        """The queue as the policy sees it; on a fleet with its live hosts (each running job's host
+        among them, until the job is evicted)."""
+        if not self.launcher.places_on_hosts:
+            return State.for_queue(cycle.queue, cycle.running, cycle.pending)
+        hosts = {h.name: Host(h.name, len(h.devices)) for h in cycle.hosts}
+        gone: dict[str, int] = {}  # a host lost this cycle: as full as its jobs, nothing more lands there
+        for job in cycle.running:
+            if job.host not in hosts:
+                gone[job.host] = gone.get(job.host, 0) + job.gpus
+        hosts.update((name, Host(name, gpus)) for name, gpus in gone.items())
+        return State.for_queue(cycle.queue, cycle.running, cycle.pending, hosts=sorted(hosts.values(), key=lambda h: h.name))
+
+    def _unknown_quota_message(self: QuotaExecutor, job: QuotaJob, names: list[str]) -> str:
+        if not job.quota:
+            return (
+                f"task {job.ti_label()} has no quota: set pool=<quota> (one of {', '.join(names)}) "
+                'or executor_config={"quota": {"quota": <quota>}}'
+            )
+        return f"quota: {job.quota!r} is not one of {', '.join(names)} (quota file {self.config.path})"
+
+
+def _preemption_counts(jobs: Sequence[QuotaJob], session: Session) -> dict[tuple, int]:
+    return {
+        (c.dag_id, c.run_id, c.task_id, c.map_index): c.count
+        for c in session.scalars(
+            select(QuotaPreemptionCount).where(
+                tuple_(
+                    QuotaPreemptionCount.dag_id,
+                    QuotaPreemptionCount.run_id,
+                    QuotaPreemptionCount.task_id,
+                    QuotaPreemptionCount.map_index,
+                ).in_([(j.dag_id, j.run_id, j.task_id, j.map_index) for j in jobs])
+            )
+        )
+    }
