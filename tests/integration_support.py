@@ -94,8 +94,11 @@ class AirflowInstance:
         dags_folder: Path,
         executor: str = QUOTA_EXECUTOR,
         extra_env: dict[str, str] | None = None,
+        database_url: str | None = None,
     ) -> None:
+        """``database_url``: a PostgreSQL URL (``postgresql+psycopg2://...``); default SQLite in ``home``."""
         self.home = home
+        self.database_url = database_url
         self.port = port
         self.home.mkdir(parents=True, exist_ok=True)
         self.quota_path = home / "quotas.yaml"
@@ -114,7 +117,7 @@ class AirflowInstance:
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__PARALLELISM": "256",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url or f"sqlite:///{home}/airflow.db",
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(port),
             "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
@@ -234,7 +237,7 @@ class AirflowInstance:
 
     def wait_dag(self, dag_id: str, timeout: float = 120) -> None:
         wait_for(
-            lambda: self.sql("SELECT 1 FROM dag WHERE dag_id=? AND is_stale=0", dag_id),
+            lambda: self.sql("SELECT 1 FROM dag WHERE dag_id=? AND NOT is_stale", dag_id),
             f"DAG {dag_id} to be parsed",
             timeout=timeout,
             on_timeout=lambda: self.tail("dag-processor"),
@@ -250,6 +253,18 @@ class AirflowInstance:
     # ------------------------------------------------------------------------------------- SQL
 
     def sql(self, query: str, *params: Any) -> list[sqlite3.Row]:
+        """Rows of a read-only query (``?`` placeholders) as mappings, on SQLite or PostgreSQL."""
+        if self.database_url:
+            import psycopg2
+            import psycopg2.extras
+
+            con = psycopg2.connect(self.database_url.replace("postgresql+psycopg2://", "postgresql://"))
+            try:
+                with con.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+                    cur.execute(query.replace("?", "%s"), params)
+                    return cur.fetchall()
+            finally:
+                con.close()
         con = sqlite3.connect(f"file:{self.home}/airflow.db?mode=ro", uri=True, timeout=30)
         con.row_factory = sqlite3.Row
         try:

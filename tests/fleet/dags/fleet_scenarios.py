@@ -1,0 +1,50 @@
+"""DAGs of the fleet tests: one job queue of three 4-GPU hosts, team-a and team-b 6 GPUs each."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pendulum
+
+from airflow.sdk import DAG
+from airflow_quota_provider.operators.training import QuotaTrainingOperator
+
+STUB = Path(__file__).resolve().parents[2] / "executors" / "train_stub.py"
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+
+def train(task_id: str, quota: str, *, gpus: int, priority: int = 10, steps: int = 10, step_s: float = 0.5):
+    return QuotaTrainingOperator(
+        task_id=task_id,
+        quota=quota,
+        gpus=gpus,
+        priority=priority,
+        command=[sys.executable, str(STUB), task_id, str(steps), str(step_s)],
+    )
+
+
+# Placement: a 4-GPU job and two 3-GPU jobs fill the hosts 4+3+3; a 2-GPU job then waits for
+# fragmentation although its quota has room.
+with DAG("frag_fill", schedule=None, start_date=START, catchup=False):
+    train("big4", "team-a", gpus=4, steps=40)
+    train("mid3_x", "team-b", gpus=3, steps=40)
+    train("mid3_y", "team-b", gpus=3, steps=40)
+
+with DAG("frag_small", schedule=None, start_date=START, catchup=False):
+    train("small2", "team-a", gpus=2, steps=2)
+
+# Borrow then reclaim across hosts: team-b fills all three hosts (6 GPUs borrowed); team-a's 4-GPU
+# job takes back a host from team-b's lowest-priority job, which resumes on the host that frees next.
+with DAG("fleet_borrow_b", schedule=None, start_date=START, catchup=False):
+    train("b_victim", "team-b", gpus=4, priority=5, steps=60)
+    train("b_short", "team-b", gpus=4, priority=10, steps=40)
+    train("b_long", "team-b", gpus=4, priority=10, steps=110)
+
+with DAG("fleet_reclaim_a", schedule=None, start_date=START, catchup=False):
+    train("a_reclaim", "team-a", gpus=4, steps=80)
+
+# A host dies under two 2-GPU jobs (best fit puts both on one host).
+with DAG("host_loss", schedule=None, start_date=START, catchup=False):
+    train("k0", "team-a", gpus=2, steps=60)
+    train("k1", "team-a", gpus=2, steps=60)
