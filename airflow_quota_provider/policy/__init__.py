@@ -18,11 +18,12 @@ from airflow_quota_provider.policy.config import (
 from airflow_quota_provider.policy.cycle import decide, rejection_reason
 from airflow_quota_provider.policy.decision import Decision, Pending, Preemption, Rejection
 from airflow_quota_provider.policy.errors import PolicyError
-from airflow_quota_provider.policy.state import Job, State, parse_state
+from airflow_quota_provider.policy.state import Host, Job, State, parse_state
 
 __all__ = [
     "MAX_QUOTAS_PER_QUEUE",
     "Decision",
+    "Host",
     "Job",
     "Pending",
     "PolicyError",

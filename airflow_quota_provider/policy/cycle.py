@@ -2,11 +2,13 @@
 
 The cycle, in order:
 
-1. Jobs rejected outright (more GPUs than their quota can ever hold, priority above ``max_priority``).
-2. Jobs holding capacity while their victims stop: their GPUs are counted as taken (logically), and
-   they wait until their victims are gone, even when other GPUs are free (those are someone else's).
-   Once the victims have stopped the job is an ordinary waiting job that fits, and starts. (If the
-   quota file changed so that the hold no longer fits, the job queues again like any other.)
+1. Jobs rejected outright (more GPUs than their quota can ever hold or than the largest host has,
+   priority above ``max_priority``).
+2. Jobs holding capacity while their victims stop: their GPUs are counted as taken (logically, and on
+   their victims' host), and they wait until their victims are gone, even when other GPUs are free
+   (those are someone else's). Once the victims have stopped the job is an ordinary waiting job that
+   fits, and starts. (If the quota file or the hosts changed so that the hold no longer fits, the job
+   queues again like any other.)
 3. Within-quota pass, in queue order (priority, then FIFO): a job that fits within its own quota's
    capacity starts; one that would fit but finds its lent capacity in use reclaims it (phase 1 of
    the victim search). Non-borrowing admissions go before borrowing ones, as in Kueue, so a reclaim
@@ -15,6 +17,12 @@ The cycle, in order:
    after every admission): the rest start if they may borrow, or search for victims (both phases).
 5. Every job still waiting gets its position in its quota's queue and a reason (unless the caller
    asks for none).
+
+With hosts (``State.hosts``), a job starts only where it fits physically: admission picks the host it
+fills best (:mod:`.placement`), and a job that fits its quota but finds no host with enough free GPUs
+searches for victims on one host like a job that does not fit, or waits, its reason naming the
+fragmentation. The quota arithmetic is the same with and without hosts; without them the queue is
+one implicit host of its capacity and nothing of this applies.
 
 As many jobs start per cycle as fit. Both passes skip a quota as soon as none of its remaining jobs
 can start or find victims (it is *closed*) until a preemption or a new borrower changes that, so a
@@ -34,6 +42,7 @@ from airflow_quota_provider.policy.capacity import Usage, ever_fits
 from airflow_quota_provider.policy.config import Quota
 from airflow_quota_provider.policy.decision import Decision, Pending, Preemption, Rejection
 from airflow_quota_provider.policy.ordering import entry_key, queue_order
+from airflow_quota_provider.policy.placement import Placement, victims_host
 from airflow_quota_provider.policy.preemption import find_victims, search_phases
 from airflow_quota_provider.policy.preemption_policy import effective_max_preemptions, limit_reached, may_preempt
 from airflow_quota_provider.policy.reasons import Explainer
@@ -49,10 +58,13 @@ def decide(state: State, now: float, *, explain: bool = True) -> Decision:
     return _Cycle(state, now).run(explain)
 
 
-def rejection_reason(job: Job, quota: Quota, state: State, most: int | None = None) -> str | None:
+def rejection_reason(
+    job: Job, quota: Quota, state: State, most: int | None = None, largest_host: int | None = None
+) -> str | None:
     """Why ``job`` can never run on ``quota`` under this configuration, or None.
 
-    ``most`` is :func:`ever_fits` for the quota, when the caller has it already.
+    ``most`` is :func:`ever_fits` for the quota and ``largest_host`` the GPUs of the state's largest
+    host, when the caller has them already.
     """
     if quota.max_priority is not None and job.priority > quota.max_priority:
         return f"priority {job.priority} is above quota {quota.name}'s max_priority {quota.max_priority}"
@@ -65,6 +77,11 @@ def rejection_reason(job: Job, quota: Quota, state: State, most: int | None = No
             + (f", borrow_limit {quota.borrow_limit}" if quota.borrow_limit is not None else "")
             + f", job queue capacity {state.capacity})"
         )
+    if state.hosts is not None:
+        if largest_host is None:
+            largest_host = max((host.gpus for host in state.hosts), default=0)
+        if job.gpus > largest_host:
+            return f"asks for {job.gpus} GPUs; the largest host of this job queue has {largest_host}"
     return None
 
 
@@ -75,7 +92,8 @@ class _Cycle:
         self.quotas = {q.name: q for q in state.quotas}
         self.backlog = Backlog.of(state.pending)
         self.usage = Usage(state.capacity, state.quotas)
-        self.stopping_for: dict[str, list[str]] = defaultdict(list)
+        self.placement = None if state.hosts is None else Placement(state.hosts, state.running)
+        self.stopping_for: dict[str, list[Job]] = defaultdict(list)
         # The hottest loop of a cycle (the simulator makes ~10^5 cycles): locals, one pass.
         in_use: dict[str, int] = defaultdict(int)
         physical = 0
@@ -85,14 +103,15 @@ class _Cycle:
             if job.preempted_for is None:
                 in_use[job.quota] += gpus
             else:
-                self.stopping_for[job.preempted_for].append(job.id)
+                self.stopping_for[job.preempted_for].append(job)
         self.usage.physical = physical
         for name, gpus in in_use.items():
             self.usage.add(name, gpus)
         self.candidates = Candidates(state.running, self.quotas, now)
-        self.decision = Decision()
-        self.waiting_for: dict[str, list[str]] = {}
-        """Held jobs: capacity is theirs, GPUs not yet free; the victims they wait for."""
+        self.decision = Decision(placed=self.placement is not None)
+        self.waiting_for: dict[str, tuple[list[str], str | None]] = {}
+        """Held jobs: capacity is theirs, GPUs not yet free; the victims they wait for and the host
+        their GPUs are reserved on (None without hosts)."""
         self.epoch = 0
         """Counts the changes that can make a failed fit or search succeed (preemptions, a quota
         starting to borrow); failures memoised at one epoch stay failures until the next."""
@@ -104,11 +123,15 @@ class _Cycle:
 
     def run(self, explain: bool) -> Decision:
         self._reject()
-        # Held from an earlier cycle; re-checked, since the quota file may have changed since.
+        # Held from an earlier cycle; re-checked, since the quota file or the hosts may have changed since.
         held = [job for job_id in self.stopping_for if (job := self.backlog.get(job_id)) is not None]
         for job in sorted(held, key=queue_order):
-            if job.id not in self.handled and self.usage.fits(job.quota, job.gpus, borrow=True):
-                self._hold(job, sorted(self.stopping_for[job.id]))
+            if job.id in self.handled or not self.usage.fits(job.quota, job.gpus, borrow=True):
+                continue
+            victims = self.stopping_for[job.id]
+            host = None if self.placement is None else victims_host(victims)
+            if host is None or self.placement.free_settled[host] >= job.gpus:
+                self._hold(job, sorted(victim.id for victim in victims), host)
                 self.handled.add(job.id)
         self._within_quota_pass()
         self._borrowing_pass()
@@ -119,15 +142,16 @@ class _Cycle:
     def _reject(self) -> None:
         """Jobs that can never run; a quota whose largest and highest-priority jobs pass is skipped."""
         rejected: list[tuple[tuple, Rejection]] = []
+        largest_host = None if self.placement is None else self.placement.largest
         for name in self.backlog.quotas():
             quota = self.quotas[name]
             most = ever_fits(quota, self.state.quotas, self.state.capacity)
-            if self.backlog.largest(name) <= most and (
+            if self.backlog.largest(name) <= (most if largest_host is None else min(most, largest_host)) and (
                 quota.max_priority is None or self.backlog.highest_priority(name) <= quota.max_priority
             ):
                 continue
             for key, job in self.backlog.entries(name):
-                reason = rejection_reason(job, quota, self.state, most)
+                reason = rejection_reason(job, quota, self.state, most, largest_host)
                 if reason is not None:
                     rejected.append((key, Rejection(job.id, reason)))
                     self.handled.add(job.id)
@@ -146,15 +170,25 @@ class _Cycle:
         if not was_borrowing and self.usage.is_borrowing(job.quota):
             self.epoch += 1
 
-    def _hold(self, job: Job, victims: list[str]) -> None:
-        """Count ``job``'s GPUs as taken. A job with victims waits for them to stop, even if other
-        GPUs are free right now (they belong to others); one without starts if the GPUs are free."""
+    def _hold(self, job: Job, victims: list[str], host: str | None) -> None:
+        """Count ``job``'s GPUs as taken (on ``host`` too, with hosts). A job with victims waits for
+        them to stop, even if other GPUs are free right now (they belong to others); one without
+        starts if the GPUs are free."""
         self._take(job)
-        if not victims and self.usage.physically_free() >= job.gpus:
+        if (
+            not victims
+            and self.usage.physically_free() >= job.gpus
+            and (host is None or self.placement.free(host) >= job.gpus)
+        ):
             self.usage.physical += job.gpus
             self.decision.admit.append(job.id)
+            if host is not None:
+                self.placement.admit(host, job.gpus)
+                self.decision.hosts[job.id] = host
         else:
-            self.waiting_for[job.id] = victims
+            if host is not None:
+                self.placement.hold(host, job.gpus)
+            self.waiting_for[job.id] = (victims, host)
 
     def _remember_no(self, memo: dict, job: Job, borrow: bool) -> None:
         seen = memo.get((job.quota, borrow))
@@ -185,8 +219,10 @@ class _Cycle:
         quota = self.quotas[job.quota]
         if not self._failed_at_most(self._fit_failed, job.quota, borrow, job.gpus):
             if self.usage.fits(job.quota, job.gpus, borrow=borrow):
-                self._hold(job, [])  # starts now unless stopping victims still hold the GPUs
-                return True
+                host = None if self.placement is None else self.placement.host_for(job.gpus)
+                if self.placement is None or host is not None:
+                    self._hold(job, [], host)  # starts now unless stopping victims still hold the GPUs
+                    return True
             self._remember_no(self._fit_failed, job, borrow)
         if not may_preempt(job, quota, self.now):
             return False
@@ -195,19 +231,23 @@ class _Cycle:
             phases = [phase for phase in phases if not phase]
         if self._failed_at_most(self._search_failed, job.quota, borrow, job.gpus):
             return False
-        victims = find_victims(job, quota, self.usage, self.candidates, phases)  # None without phases
+        # None without phases; with hosts, all on the host the job will run on
+        victims = find_victims(job, quota, self.usage, self.candidates, phases, self.placement)
         if not victims:
             self._remember_no(self._search_failed, job, borrow)
             return False
         for victim, reason in victims:
             self._preempt(victim, job, reason)
-        self._hold(job, [victim.id for victim, _ in victims])
+        host = None if self.placement is None else victims[0][0].host
+        self._hold(job, [victim.id for victim, _ in victims], host)
         return True
 
     def _preempt(self, victim: Job, preemptor: Job, reason: str) -> None:
         quota = self.quotas[victim.quota]
-        self.candidates.taken.add(victim.id)
+        self.candidates.take(victim)
         self.usage.remove(victim.quota, victim.gpus)
+        if self.placement is not None:
+            self.placement.preempt(victim)
         fail = limit_reached(victim, quota)
         message = ""
         if fail:
@@ -284,14 +324,14 @@ class _Cycle:
 
     def _explain(self) -> None:
         admitted = set(self.decision.admit)
-        explainer = Explainer(self.usage, self.quotas, self.candidates, self.now)
+        explainer = Explainer(self.usage, self.quotas, self.candidates, self.now, self.placement)
         positions: dict[str, int] = defaultdict(int)
         for job in self.backlog.in_queue_order():
             if job.id in admitted or (job.id in self.handled and job.id not in self.waiting_for):
                 continue  # started, or rejected
             positions[job.quota] += 1
             if job.id in self.waiting_for:
-                reason = explainer.held(job, self.waiting_for[job.id])
+                reason = explainer.held(job, *self.waiting_for[job.id])
             else:
                 # Every job still waiting went through the borrowing pass, which searched for
                 # victims for each one allowed to preempt yet.

@@ -52,13 +52,18 @@ class Rejection:
 @dataclass
 class Decision:
     admit: list[str] = field(default_factory=list)
+    """Ids of the jobs that start now."""
     preempt: list[Preemption] = field(default_factory=list)
     pending: list[Pending] = field(default_factory=list)
     reject: list[Rejection] = field(default_factory=list)
+    hosts: dict[str, str] = field(default_factory=dict)
+    """Admitted job id -> the host it starts on; empty when the state had no hosts."""
+    placed: bool = False
+    """True when the state had hosts: ``to_dict`` then says where each admitted job starts."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "admit": list(self.admit),
+            "admit": [{"id": i, "host": self.hosts[i]} for i in self.admit] if self.placed else list(self.admit),
             "preempt": [p.to_dict() for p in self.preempt],
             "pending": [p.to_dict() for p in self.pending],
             "reject": [r.to_dict() for r in self.reject],

@@ -1,4 +1,4 @@
-"""The two orders of the policy, each one comparator ending on the job id so it is total."""
+"""The orders of the policy, each one comparator ending on the job id (or host name) so it is total."""
 
 from __future__ import annotations
 
@@ -26,6 +26,19 @@ def victim_order(job: Job, now: float) -> tuple:
     started = job.started_at if job.started_at is not None else now
     since = job.last_checkpoint_at if job.last_checkpoint_at is not None else started
     return (job.priority, -started, job.gpus * max(0.0, now - since), job.id)
+
+
+def victim_set_order(victims: list[Job], preemptor: Job, now: float) -> tuple:
+    """Order of victim sets on different hosts (one host's set each): cheapest first.
+
+    A victim's cost is its place in the victim search's order: other quotas' jobs before the
+    preemptor's own, then :func:`victim_order`. A set's key is its victims' costs, costliest first,
+    compared lexicographically: the set whose costliest victim comes earliest in that order wins,
+    then the one whose next costliest does. Sets on different hosts share no victim and a victim's
+    cost ends on its id, so two hosts' keys never tie.
+    """
+    costs = [(victim.quota == preemptor.quota, victim_order(victim, now)) for victim in victims]
+    return tuple(sorted(costs, reverse=True))
 
 
 def entry_key(entry: tuple[tuple, Job]) -> tuple:

@@ -4,6 +4,13 @@ Kueue's classical search: add candidates in order until the job fits, then walk 
 ones in reverse order of choice (skipping the last) and give back each whose return still leaves
 room. It runs on the decision's live :class:`Usage` and always restores it, so deciding stays apart
 from acting: the caller applies the victims it accepts.
+
+With hosts, a job's GPUs are all on one host, so its victims are too: the same search runs once per
+host over that host's candidates, and a set fits only when the quota arithmetic fits *and* the
+host's GPUs free once settled (:mod:`.placement`) plus the victims' make room for the job. Of the hosts where a set is found, the one
+whose set costs least (:func:`~airflow_quota_provider.policy.ordering.victim_set_order`) wins. A
+victim on another host that only the quota arithmetic would need is never chosen: a job whose quota
+needs a reclaim of GPUs on one host while it has room only on another waits.
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 from airflow_quota_provider.policy.candidates import Candidates
 from airflow_quota_provider.policy.capacity import Usage
 from airflow_quota_provider.policy.config import Quota
+from airflow_quota_provider.policy.ordering import victim_set_order
+from airflow_quota_provider.policy.placement import Placement
 from airflow_quota_provider.policy.preemption_policy import NOBODY, borrow_within_ceiling, reclaim_ceiling
 from airflow_quota_provider.policy.state import Job
 
@@ -34,19 +43,47 @@ def search_phases(preemptor: Job, quota: Quota, usage: Usage) -> list[bool]:
 
 
 def find_victims(
-    preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, phases: list[bool]
+    preemptor: Job,
+    quota: Quota,
+    usage: Usage,
+    candidates: Candidates,
+    phases: list[bool],
+    placement: Placement | None = None,
 ) -> Victims | None:
     """Victims (in order of choice, each with its reason) that make ``preemptor`` fit, or None.
 
-    ``phases`` comes from :func:`search_phases`, possibly narrowed by the caller.
+    ``phases`` comes from :func:`search_phases`, possibly narrowed by the caller. With ``placement``
+    (hosts) the victims are all on one host, the one the preemptor will run on.
     """
     for borrow in phases:
         if not _may_find(preemptor, quota, usage, candidates, borrow=borrow):
             continue
-        victims = _minimal_set(preemptor, quota, usage, candidates, borrow=borrow)
+        if placement is None:
+            victims = _minimal_set(preemptor, quota, usage, candidates, borrow=borrow)
+        else:
+            victims = _on_one_host(preemptor, quota, usage, candidates, placement, borrow=borrow)
         if victims:
             return victims
     return None
+
+
+def _on_one_host(
+    preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, placement: Placement, *, borrow: bool
+) -> Victims | None:
+    """The cheapest set over the hosts; hosts whose candidates cannot free enough GPUs, whatever the
+    rules, are not searched."""
+    best: Victims | None = None
+    best_key: tuple = ()
+    for host in placement.names:
+        room = placement.free_settled[host]
+        if room + candidates.gpus_on(host) < preemptor.gpus:
+            continue
+        victims = _minimal_set(preemptor, quota, usage, candidates, borrow=borrow, host=host, room=room)
+        if victims:
+            key = victim_set_order([victim for victim, _ in victims], preemptor, candidates.now)
+            if best is None or key < best_key:
+                best, best_key = victims, key
+    return best
 
 
 def _may_find(preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, *, borrow: bool) -> bool:
@@ -64,13 +101,27 @@ def _may_find(preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates
     return borrow or usage.used[quota.name] - own + preemptor.gpus <= quota.capacity
 
 
-def _minimal_set(preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, *, borrow: bool) -> Victims | None:
+def _minimal_set(
+    preemptor: Job,
+    quota: Quota,
+    usage: Usage,
+    candidates: Candidates,
+    *,
+    borrow: bool,
+    host: str | None = None,
+    room: int = 0,
+) -> Victims | None:
+    """With ``host``, only its candidates, and the victims must also free what its ``room`` (GPUs free
+    once settled) lacks for the job."""
+    lacking = preemptor.gpus - room if host is not None else 0
     chosen: Victims = []
+    freed = 0
     fits = False
-    for candidate, reason in candidates.for_preemptor(preemptor, quota, usage, borrow=borrow):
+    for candidate, reason in candidates.for_preemptor(preemptor, quota, usage, borrow=borrow, host=host):
         usage.remove(candidate.quota, candidate.gpus)
         chosen.append((candidate, reason))
-        if usage.fits(quota.name, preemptor.gpus, borrow=borrow):
+        freed += candidate.gpus
+        if freed >= lacking and usage.fits(quota.name, preemptor.gpus, borrow=borrow):
             fits = True
             break
     if fits:
@@ -78,8 +129,9 @@ def _minimal_set(preemptor: Job, quota: Quota, usage: Usage, candidates: Candida
         for index in range(len(chosen) - 2, -1, -1):
             candidate = chosen[index][0]
             usage.add(candidate.quota, candidate.gpus)
-            if usage.fits(quota.name, preemptor.gpus, borrow=borrow):
+            if freed - candidate.gpus >= lacking and usage.fits(quota.name, preemptor.gpus, borrow=borrow):
                 given_back.add(index)
+                freed -= candidate.gpus
             else:
                 usage.remove(candidate.quota, candidate.gpus)
         chosen = [victim for index, victim in enumerate(chosen) if index not in given_back]

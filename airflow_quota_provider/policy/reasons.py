@@ -1,7 +1,8 @@
 """Pending reasons a person can read: why a job waits, from the usage at the end of the cycle.
 
 Reasons depend on the job only through its quota and size (and its preemption delay), so they are
-built once per distinct combination: ten thousand waiting jobs cost a few hundred strings.
+built once per distinct combination: ten thousand waiting jobs cost a few hundred strings. With hosts,
+a job that fits its quota but finds no host with room is told so (fragmentation), not "quota full".
 """
 
 from __future__ import annotations
@@ -9,22 +10,33 @@ from __future__ import annotations
 from airflow_quota_provider.policy.candidates import Candidates
 from airflow_quota_provider.policy.capacity import Usage, borrowed
 from airflow_quota_provider.policy.config import Quota
+from airflow_quota_provider.policy.placement import Placement
 from airflow_quota_provider.policy.preemption import search_phases
 from airflow_quota_provider.policy.state import Job
 
 
 class Explainer:
-    def __init__(self, usage: Usage, quotas: dict[str, Quota], candidates: Candidates, now: float) -> None:
+    def __init__(
+        self, usage: Usage, quotas: dict[str, Quota], candidates: Candidates, now: float, placement: Placement | None = None
+    ) -> None:
         self.usage = usage
         self.quotas = quotas
         self.candidates = candidates
         self.now = now
+        self.placement = placement
         self._cache: dict[tuple, str] = {}
         self._borrowers: list[tuple[str, int, int | None]] | None = None
 
-    def held(self, job: Job, victims: list[str]) -> str:
+    def held(self, job: Job, victims: list[str], host: str | None = None) -> str:
+        """A job whose capacity (and, with hosts, GPUs on ``host``) is held while jobs stop."""
         if victims:
-            return f"waiting for preempted jobs to stop: {', '.join(victims)}"
+            where = f"; its {job.gpus} GPUs on {host} are held for it" if host is not None else ""
+            return f"waiting for preempted jobs to stop: {', '.join(victims)}{where}"
+        if host is not None:
+            return (
+                f"waiting for stopping jobs to release GPUs on {host}: needs {job.gpus}, "
+                f"{max(0, self.placement.free_now[host])} free there; its capacity is held"
+            )
         return (
             f"waiting for stopping jobs to release GPUs: needs {job.gpus}, "
             f"{self.usage.physically_free()} free; its capacity is held"
@@ -46,7 +58,13 @@ class Explainer:
     def _compose(self, job: Job, quota: Quota, searched: bool) -> str:
         used = self.usage.used[quota.name]
         parts = []
-        if used + job.gpus <= quota.capacity:
+        if (
+            self.placement is not None
+            and self.usage.fits(quota.name, job.gpus, borrow=True)
+            and self.placement.best_fit(job.gpus) is None
+        ):
+            parts.append(self.placement.no_room(job.gpus))
+        elif used + job.gpus <= quota.capacity:
             parts.append(
                 f"quota {quota.name}: {quota.capacity - used} of {quota.capacity} GPUs idle but lent, "
                 f"needs {job.gpus}; {self._borrowers_text(job)}"
@@ -74,7 +92,8 @@ class Explainer:
         rules = f"within_quota {policy.within_quota}, reclaim {policy.reclaim}"
         if policy.borrow_within is not None:
             rules += f", borrow_within max_priority {policy.borrow_within}"
-        return f"no preemptible jobs it may preempt would free {job.gpus} GPUs ({rules})"
+        where = " on one host" if self.placement is not None else ""
+        return f"no preemptible jobs it may preempt would free {job.gpus} GPUs{where} ({rules})"
 
     def _borrowers_text(self, job: Job) -> str:
         """Other quotas running above their capacity: whose jobs hold what this quota lends."""

@@ -1,4 +1,4 @@
-"""What the policy decides over: one job queue's quotas and its running and pending jobs.
+"""What the policy decides over: one job queue's quotas, its hosts, and its running and pending jobs.
 
 :class:`State` is plain, immutable data. The executor builds it from its tables, the simulator from
 its event loop, and the decision-file CLI from JSON through :func:`parse_state`. The one exception:
@@ -39,22 +39,54 @@ class Job:
     last_checkpoint_at: float | None = None
     preempted_for: str | None = None
     """Set on a running job that was already chosen as a victim and is still stopping."""
+    host: str | None = None
+    """The host a running job's GPUs are on; set on every running job when the state has hosts."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """A machine serving one job queue with ``gpus`` GPUs. A job's GPUs are all on one host."""
+
+    name: str
+    gpus: int
 
 
 @dataclass(frozen=True)
 class State:
-    """One job queue at one moment."""
+    """One job queue at one moment.
+
+    ``capacity`` is what the quota arithmetic (capacities, borrowing, lending) shares out, as given;
+    ``hosts`` are the physical constraint on top of it: a job starts only on one host with enough
+    free GPUs. Hosts may sum to less than ``capacity``: a lost host's GPUs are then missing from the
+    fleet while the quotas keep their shares (a caller that wants the quotas to shrink too passes the
+    live capacity). ``hosts=None`` is one implicit host of ``capacity`` GPUs, and the policy decides
+    exactly as it did before hosts existed. A job larger than the largest host given is rejected, and
+    a rejection is final: leaving out the only host large enough for a job rejects that job.
+    """
 
     capacity: int
     quotas: tuple[Quota, ...]
     running: tuple[Job, ...]
     pending: tuple[Job, ...] | Backlog
     """The waiting jobs: any sequence, or a :class:`Backlog` kept up to date by the caller."""
+    hosts: tuple[Host, ...] | None = None
 
     @classmethod
-    def for_queue(cls, queue: Queue, running: Iterable[Job], pending: Iterable[Job] | Backlog) -> State:
+    def for_queue(
+        cls,
+        queue: Queue,
+        running: Iterable[Job],
+        pending: Iterable[Job] | Backlog,
+        hosts: Iterable[Host] | None = None,
+    ) -> State:
         pending = pending if isinstance(pending, Backlog) else tuple(pending)
-        return cls(capacity=queue.capacity, quotas=queue.quotas, running=tuple(running), pending=pending)
+        return cls(
+            capacity=queue.capacity,
+            quotas=queue.quotas,
+            running=tuple(running),
+            pending=pending,
+            hosts=None if hosts is None else tuple(hosts),
+        )
 
 
 def _parse_job(data: Any, path: str, quota_names: tuple[str, ...], *, running: bool) -> Job:

@@ -1,10 +1,10 @@
-"""Fluent builders for policy tests: a queue, its quotas and its jobs, in a line each."""
+"""Fluent builders for policy tests: a queue, its quotas, its hosts and its jobs, in a line each."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from airflow_quota_provider.policy import Job, PreemptionPolicy, Quota, State
+from airflow_quota_provider.policy import Host, Job, PreemptionPolicy, Quota, State
 
 
 def quota(name: str, capacity: int, **fields) -> Quota:
@@ -27,12 +27,19 @@ class StateBuilder:
         self.quotas: list[Quota] = []
         self.running: list[Job] = []
         self.pending: list[Job] = []
+        self.hosts: list[Host] | None = None
 
     def quota(self, name: str, capacity: int, **fields) -> StateBuilder:
         self.quotas.append(quota(name, capacity, **fields))
         return self
 
+    def host(self, name: str, gpus: int) -> StateBuilder:
+        """Add a host; a state with none has one implicit host of the capacity."""
+        self.hosts = [*(self.hosts or []), Host(name, gpus)]
+        return self
+
     def run(self, *args, **fields) -> StateBuilder:
+        """A running job; ``host="..."`` places it when the queue has hosts."""
         self.running.append(running(*args, **fields))
         return self
 
@@ -41,7 +48,8 @@ class StateBuilder:
         return self
 
     def build(self) -> State:
-        return State(self.capacity, tuple(self.quotas), tuple(self.running), tuple(self.pending))
+        hosts = None if self.hosts is None else tuple(self.hosts)
+        return State(self.capacity, tuple(self.quotas), tuple(self.running), tuple(self.pending), hosts)
 
 
 def queue(capacity: int) -> StateBuilder:

@@ -1,4 +1,5 @@
-"""Invariants of ``decide`` over generated queues (hypothesis; 1,000 examples each in CI).
+"""Invariants of ``decide`` over generated queues, with and without hosts (hypothesis; 1,000 examples
+each in CI).
 
 The balance rule is re-derived here from DESIGN §2, independently of ``policy.capacity``, and every
 generated running set is built by admitting jobs one by one while that rule holds.
@@ -7,12 +8,13 @@ generated running set is built by admitting jobs one by one while that rule hold
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_quota_provider.policy import Job, PreemptionPolicy, Quota, State, decide
+from airflow_quota_provider.policy import Host, Job, PreemptionPolicy, Quota, State, decide
 from airflow_quota_provider.policy.ordering import queue_order
 
 SHARING = ("reserve", "lend", "lend_and_borrow")
@@ -207,3 +209,138 @@ def test_the_same_input_always_gives_the_same_decision(state, rng: random.Random
     rng.shuffle(shuffled_pending)
     shuffled = replace(state, running=tuple(shuffled_running), pending=tuple(shuffled_pending))
     assert decide(shuffled, NOW).to_dict() == decision
+
+
+# -- hosts (DESIGN §2, hosts) -----------------------------------------------------------------------
+
+
+@st.composite
+def host_states(draw) -> State:
+    """A queue with 1-4 hosts of 1-8 GPUs (summing to at most its capacity: the rest is lost hosts),
+    each running job on a host with room for it, and each preemptor's stopping victims on one host."""
+    quota_list = draw(quotas())
+    by_name = {q.name: q for q in quota_list}
+    hosts = tuple(Host(f"h{index}", draw(st.integers(1, 8))) for index in range(draw(st.integers(1, 4))))
+    capacity = max(1, sum(q.capacity for q in quota_list) + draw(st.integers(0, 4)), sum(h.gpus for h in hosts))
+    on_host = dict.fromkeys((h.name for h in hosts), 0)
+    victims_on: dict[str, str] = {}
+    used = dict.fromkeys(by_name, 0)
+    running = []
+    for index in range(draw(st.integers(0, 12))):
+        name = draw(st.sampled_from(sorted(by_name)))
+        gpus = draw(st.integers(1, 4))
+        host = draw(st.sampled_from(hosts))
+        preempted_for = f"p{draw(st.integers(0, 7))}" if draw(st.integers(0, 5)) == 0 else None
+        trial = dict(used, **{name: used[name] + gpus})
+        if on_host[host.name] + gpus > host.gpus or victims_on.get(preempted_for, host.name) != host.name:
+            continue
+        if preempted_for is None and not balanced(trial, by_name, capacity):
+            continue
+        on_host[host.name] += gpus
+        if preempted_for is None:
+            used = trial
+        else:
+            victims_on[preempted_for] = host.name
+        running.append(
+            Job(
+                id=f"r{index}",
+                quota=name,
+                gpus=gpus,
+                priority=draw(st.integers(0, 5)),
+                submitted_at=float(draw(st.integers(0, 50))),
+                started_at=float(draw(st.integers(0, 100))),
+                preemptible=draw(st.booleans()),
+                preemptions=draw(st.integers(0, 3)),
+                preempted_for=preempted_for,
+                host=host.name,
+            )
+        )
+    pending = [
+        Job(
+            id=f"p{index}",
+            quota=draw(st.sampled_from(sorted(by_name))),
+            gpus=draw(st.integers(1, 9)),
+            priority=draw(st.integers(0, 5)),
+            submitted_at=float(draw(st.integers(0, 100))),
+        )
+        for index in range(draw(st.integers(0, 8)))
+    ]
+    return State(capacity, quota_list, tuple(running), tuple(pending), hosts)
+
+
+_HELD_ON = re.compile(r"GPUs on (\S+?)[: ]")
+
+
+def settled_on_hosts(state: State, decision) -> dict[str, int]:
+    """GPUs each host holds once every stopping job is gone and every held job runs where it waits."""
+    stopping = {p.id for p in decision.preempt} | {j.id for j in state.running if j.preempted_for is not None}
+    held = dict.fromkeys((h.name for h in state.hosts), 0)
+    for job in state.running:
+        if job.id not in stopping:
+            held[job.host] += job.gpus
+    jobs = {job.id: job for job in state.pending}
+    for job_id, host in decision.hosts.items():
+        held[host] += jobs[job_id].gpus
+    for pending in decision.pending:
+        if pending.reason.startswith("waiting for"):
+            held[_HELD_ON.search(pending.reason).group(1)] += jobs[pending.id].gpus
+    return held
+
+
+@given(host_states())
+def test_no_host_ever_holds_more_gpus_than_it_has(state):
+    decision = decide(state, NOW)
+    assert set(decision.hosts) == set(decision.admit), "every admitted job has a host"
+    gpus = {h.name: h.gpus for h in state.hosts}
+    now = dict.fromkeys(gpus, 0)
+    for job in state.running:
+        now[job.host] += job.gpus
+    jobs = {job.id: job for job in state.pending}
+    for job_id, host in decision.hosts.items():
+        assert jobs[job_id].gpus <= gpus[host], (job_id, host)
+        now[host] += jobs[job_id].gpus
+    assert all(now[name] <= gpus[name] for name in gpus), (now, decision)
+    settled = settled_on_hosts(state, decision)
+    assert all(settled[name] <= gpus[name] for name in gpus), (settled, decision)
+
+
+@given(host_states())
+def test_quota_capacity_is_never_exceeded_with_hosts(state):
+    decision = decide(state, NOW)
+    assert balanced(logical_end(state, decision), {q.name: q for q in state.quotas}, state.capacity)
+
+
+@given(host_states())
+def test_each_preemptors_victims_are_on_one_host_and_no_job_is_larger_than_the_largest_host(state):
+    decision = decide(state, NOW)
+    running = {job.id: job for job in state.running}
+    hosts: dict[str, set[str]] = {}
+    for preemption in decision.preempt:
+        hosts.setdefault(preemption.for_, set()).add(running[preemption.id].host)
+    assert all(len(on) == 1 for on in hosts.values()), hosts
+    largest = max(h.gpus for h in state.hosts)
+    rejected = {r.id for r in decision.reject}
+    assert all(job.id in rejected for job in state.pending if job.gpus > largest)
+
+
+@given(host_states(), st.randoms())
+def test_with_hosts_the_same_input_always_gives_the_same_decision(state, rng: random.Random):
+    decision = decide(state, NOW).to_dict()
+    shuffled = [list(state.running), list(state.pending), list(state.hosts)]
+    for items in shuffled:
+        rng.shuffle(items)
+    state = replace(state, running=tuple(shuffled[0]), pending=tuple(shuffled[1]), hosts=tuple(shuffled[2]))
+    assert decide(state, NOW).to_dict() == decision
+
+
+@given(states())
+def test_one_host_of_the_whole_capacity_decides_as_no_hosts(state):
+    """Without hosts the queue is one implicit host of its capacity: naming that host changes nothing
+    but where the decision says the admitted jobs start (and the words of some reasons)."""
+    plain = decide(state, NOW)
+    one = replace(state, hosts=(Host("all", state.capacity),), running=tuple(replace(j, host="all") for j in state.running))
+    placed = decide(one, NOW)
+    assert placed.admit == plain.admit and placed.hosts == dict.fromkeys(plain.admit, "all")
+    assert [p.to_dict() for p in placed.preempt] == [p.to_dict() for p in plain.preempt]
+    assert [r.to_dict() for r in placed.reject] == [r.to_dict() for r in plain.reject]
+    assert [(p.id, p.position) for p in placed.pending] == [(p.id, p.position) for p in plain.pending]

@@ -1,0 +1,124 @@
+"""Placement: how many GPUs each host has free during one decision, and which host a job goes to.
+
+A job's GPUs are all on one host (DESIGN §2, hosts). Each host has two figures, the per-host image
+of the queue's physical and logical usage (:mod:`.capacity`):
+
+- *free now*: its GPUs minus those of every running job on it (stopping victims hold theirs until
+  they are gone) and of the jobs admitted onto it in this cycle;
+- *free once settled*: its GPUs minus those of the running jobs that are not stopping, of the jobs
+  admitted onto it, and of the jobs held for it: a preemptor waiting for its victims there (the GPUs
+  it waits for are reserved for it at once, so nobody else gets them meanwhile), or a job waiting
+  for stopping jobs to release GPUs there.
+
+A job starts on a host where both are at least its GPUs; a victim's GPUs count as free once settled
+as soon as it is chosen, and its preemptor takes them there. With one host of the queue's capacity
+the two figures are the queue's physical and logical free GPUs, so the policy decides as it does
+without hosts. The quota arithmetic (capacity, borrowing, lending) stays queue-wide, in GPUs; a job
+starts when both it and a host allow it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import defaultdict
+from collections.abc import Iterable
+
+from airflow_quota_provider.policy.state import Host, Job
+
+_HOSTS_SHOWN = 4
+"""Hosts a fragmentation reason lists by name (most free first); a fleet has hundreds."""
+
+
+class Placement:
+    """Free GPUs per host during one decision."""
+
+    def __init__(self, hosts: Iterable[Host], running: Iterable[Job]) -> None:
+        self.gpus = {host.name: host.gpus for host in hosts}
+        self.free_now = dict(self.gpus)
+        self.free_settled = dict(self.gpus)
+        for job in running:
+            if job.host not in self.gpus:
+                raise ValueError(f"running job {job.id!r} is on host {job.host!r}, not one of {', '.join(self.gpus)}")
+            self.free_now[job.host] -= job.gpus
+            if job.preempted_for is None:
+                self.free_settled[job.host] -= job.gpus
+        self.names = sorted(self.gpus)
+        self.largest = max(self.gpus.values(), default=0)
+        # Hosts with room now and once settled, by the smaller of the two, each list sorted by name: a
+        # best fit looks at no more than ``largest`` buckets, however many hosts there are.
+        self._by_free: dict[int, list[str]] = defaultdict(list)
+        for name in self.names:
+            if self.free(name) > 0:
+                self._by_free[self.free(name)].append(name)
+
+    def free(self, host: str) -> int:
+        """GPUs a job may start on now without taking any that stopping jobs owe to others."""
+        now, settled = self.free_now[host], self.free_settled[host]
+        return now if now < settled else settled
+
+    def best_fit(self, gpus: int) -> str | None:
+        """The host ``gpus`` fill best (fewest free GPUs left after them, ties by name), or None."""
+        for free in range(gpus, self.largest + 1):
+            names = self._by_free.get(free)
+            if names:
+                return names[0]
+        return None
+
+    def host_for(self, gpus: int) -> str | None:
+        """Where a job that fits its quota goes: the host it fills best now; else the one it fills best
+        once stopping jobs are gone, to wait there for them (as it would without hosts) rather than
+        preempt more; else None."""
+        host = self.best_fit(gpus)
+        if host is None:
+            fits = [(free - gpus, name) for name, free in self.free_settled.items() if free >= gpus]
+            host = min(fits)[1] if fits else None
+        return host
+
+    def admit(self, host: str, gpus: int) -> None:
+        self._change(host, -gpus, -gpus)
+
+    def hold(self, host: str, gpus: int) -> None:
+        """Reserve ``gpus`` on ``host`` for a job that waits there for stopping jobs."""
+        self._change(host, 0, -gpus)
+
+    def preempt(self, victim: Job) -> None:
+        """``victim`` will stop: its GPUs are free once settled (its preemptor takes them)."""
+        self._change(victim.host, 0, victim.gpus)
+
+    def _change(self, host: str, now: int, settled: int) -> None:
+        old = self.free(host)
+        self.free_now[host] += now
+        self.free_settled[host] += settled
+        new = self.free(host)
+        if new != old:
+            if old > 0:
+                names = self._by_free[old]
+                del names[bisect_left(names, host)]
+            if new > 0:
+                insort(self._by_free[new], host)
+
+    def no_room(self, gpus: int) -> str:
+        """Why a job that fits its quota waits: no host has ``gpus`` free, and what the hosts have."""
+        free = {name: max(0, self.free(name)) for name in self.names}
+        total = sum(free.values())
+        order = sorted(self.names, key=lambda name: (-free[name], name))
+        most = order[0]
+        block = f"largest free block {_gpus(free[most])} on {most}" if free[most] else "every host is full"
+        why = f"fragmented: {block}" if total >= gpus else f"{_gpus(total)} free on all hosts together; {block}"
+        shown = ", ".join(f"{name} {self.gpus[name] - free[name]}/{self.gpus[name]}" for name in order[:_HOSTS_SHOWN])
+        if len(order) > _HOSTS_SHOWN:
+            shown += f" and {len(order) - _HOSTS_SHOWN} others"
+        return f"no host has {gpus} free {'GPU' if gpus == 1 else 'GPUs'} ({why}; hosts {shown} in use)"
+
+
+def victims_host(victims: Iterable[Job]) -> str:
+    """The host a held job waits on: its victims'. The victim search picks them all on one host; for a
+    state where they are not (chosen under other rules), the host holding most of their GPUs, then by name."""
+    held: dict[str, int] = defaultdict(int)
+    for victim in victims:
+        held[victim.host] += victim.gpus
+    return min(held, key=lambda name: (-held[name], name))
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
