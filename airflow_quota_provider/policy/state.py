@@ -89,7 +89,54 @@ class State:
         )
 
 
-def _parse_job(data: Any, path: str, quota_names: tuple[str, ...], *, running: bool) -> Job:
+def _parse_host(data: Any, path: str) -> tuple[Host, str | None]:
+    """One ``hosts`` entry, and the job queue it names (``queue`` is optional)."""
+    fields = Fields(data, path)
+    host = Host(name=fields.str("name"), gpus=fields.int("gpus", minimum=1))
+    queue = fields.str("queue", None)
+    fields.done()
+    return host, queue
+
+
+def _parse_hosts(fields: Fields, capacity: int) -> tuple[Host, ...] | None:
+    """The decision file's ``hosts``: absent or null for one implicit host of ``capacity`` GPUs.
+
+    A host may say which job queue it serves (as the executor's host rows do); a decision file is
+    one job queue that it does not name, so the only check is that all hosts name the same one.
+    Hosts may sum to less than ``capacity`` (lost hosts), never to more.
+    """
+    if fields.raw("hosts", None) is None:
+        return None
+    items = fields.list("hosts")
+    if not items:
+        raise PolicyError(fields.child("hosts"), "at least one host, or leave hosts out for one implicit host of the capacity")
+    hosts: list[Host] = []
+    seen: dict[str, str] = {}
+    first_queue: tuple[str, str] | None = None
+    for item, path in items:
+        host, queue = _parse_host(item, path)
+        if host.name in seen:
+            raise PolicyError(f"{path}.name", f"duplicate host name {host.name!r} (also at {seen[host.name]})")
+        seen[host.name] = f"{path}.name"
+        if queue is not None:
+            if first_queue is None:
+                first_queue = (queue, f"{path}.queue")
+            elif queue != first_queue[0]:
+                raise PolicyError(
+                    f"{path}.queue",
+                    f"{queue!r} is not one of {first_queue[0]} (a decision file is one job queue, as {first_queue[1]} says)",
+                )
+        hosts.append(host)
+    total = sum(host.gpus for host in hosts)
+    if total > capacity:
+        raise PolicyError(fields.child("hosts"), f"host GPUs sum to {total}, above the job queue's capacity {capacity}")
+    return tuple(hosts)
+
+
+def _parse_job(
+    data: Any, path: str, quota_names: tuple[str, ...], *, running: bool, host_names: tuple[str, ...] | None = None
+) -> Job:
+    """One ``running`` or ``pending`` entry; ``host`` is required on running jobs when there are hosts."""
     fields = Fields(data, path)
     job_id = fields.str("id")
     quota = fields.str("quota", choices=quota_names)
@@ -106,22 +153,47 @@ def _parse_job(data: Any, path: str, quota_names: tuple[str, ...], *, running: b
         min_runtime_s=fields.number("min_runtime_s", None, nullable=True),
         last_checkpoint_at=fields.number("last_checkpoint_at", None, minimum=None, nullable=True),
         preempted_for=fields.str("preempted_for", None) if running else None,
+        host=fields.str("host", choices=host_names) if running and host_names is not None else None,
     )
+    if running and host_names is None and fields.has("host"):
+        raise PolicyError(fields.child("host"), "only allowed when the decision file lists hosts")
     fields.done()
     return job
 
 
+def _check_hosts_hold(running: tuple[Job, ...], hosts: tuple[Host, ...]) -> None:
+    """No host holds more GPUs than it has."""
+    gpus = {host.name: host.gpus for host in hosts}
+    held = dict.fromkeys(gpus, 0)
+    for index, job in enumerate(running):
+        held[job.host] += job.gpus
+        if held[job.host] > gpus[job.host]:
+            raise PolicyError(
+                f"running[{index}].host",
+                f"host {job.host} has {gpus[job.host]} GPUs; its running jobs hold {held[job.host]} with this one",
+            )
+
+
 def parse_state(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) -> tuple[State, float]:
-    """Read a decision file (DESIGN §4) into ``(state, now)``; bad input raises :class:`PolicyError`."""
+    """Read a decision file (DESIGN §4) into ``(state, now)``; bad input raises :class:`PolicyError`.
+
+    With ``hosts``, every running job names its host, and no host holds more GPUs than it has.
+    """
     fields = Fields(data, "")
     now = fields.number("now", minimum=None)
     capacity = fields.int("capacity", minimum=1)
     quotas = tuple(parse_quota(item, path) for item, path in fields.list("quotas"))
     check_quotas(quotas, capacity, "quotas", max_quotas=max_quotas_per_queue)
     names = tuple(q.name for q in quotas)
-    running = tuple(_parse_job(item, path, names, running=True) for item, path in fields.list("running", []))
+    hosts = _parse_hosts(fields, capacity)
+    host_names = None if hosts is None else tuple(host.name for host in hosts)
+    running = tuple(
+        _parse_job(item, path, names, running=True, host_names=host_names) for item, path in fields.list("running", [])
+    )
     pending = tuple(_parse_job(item, path, names, running=False) for item, path in fields.list("pending", []))
     fields.done()
+    if hosts is not None:
+        _check_hosts_hold(running, hosts)
     seen: dict[str, str] = {}
     for kind, jobs in (("running", running), ("pending", pending)):
         for index, job in enumerate(jobs):
@@ -129,4 +201,4 @@ def parse_state(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) 
             if job.id in seen:
                 raise PolicyError(path, f"duplicate job id {job.id!r} (also at {seen[job.id]})")
             seen[job.id] = path
-    return State(capacity=capacity, quotas=quotas, running=running, pending=pending), now
+    return State(capacity=capacity, quotas=quotas, running=running, pending=pending, hosts=hosts), now

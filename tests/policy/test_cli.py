@@ -90,3 +90,64 @@ def test_validate_rejects_a_bad_quota_file_naming_the_field(tmp_path):
     result = policy("validate", str(bad))
     assert result.returncode == 2
     assert "queues[0].quotas[2].sharing: 'hoard' is not one of reserve, lend, lend_and_borrow" in result.stderr
+
+
+HOSTS_EXAMPLE = dict(
+    DESIGN_EXAMPLE,
+    hosts=[{"name": "gpu-1", "gpus": 4, "queue": "gpu-fleet"}, {"name": "gpu-2", "gpus": 8, "queue": "gpu-fleet"}],
+    running=[dict(DESIGN_EXAMPLE["running"][0], host="gpu-2")],
+)
+
+
+def test_decide_with_hosts_says_where_each_admitted_job_starts():
+    result = policy("decide", "-", stdin=json.dumps(HOSTS_EXAMPLE))
+    assert result.returncode == 0, result.stderr
+    # j2 (4 GPUs) fills gpu-1 exactly; gpu-2 would keep 2 of its 6 free GPUs.
+    assert json.loads(result.stdout) == {"admit": [{"id": "j2", "host": "gpu-1"}], "preempt": [], "pending": [], "reject": []}
+
+
+def test_decide_with_hosts_rejects_a_job_larger_than_the_largest_host():
+    state = dict(HOSTS_EXAMPLE, pending=[dict(DESIGN_EXAMPLE["pending"][0], gpus=9)])
+    result = policy("decide", "-", stdin=json.dumps(state))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["reject"] == [
+        {"id": "j2", "reason": "asks for 9 GPUs; the largest host of this job queue has 8"}
+    ]
+
+
+def _running(**change):
+    return [dict(HOSTS_EXAMPLE["running"][0], **change)]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        pytest.param({"running": _running(host="gpu-9")}, "running[0].host: 'gpu-9' is not one of gpu-1, gpu-2",
+                     id="a running job on an unknown host"),
+        pytest.param({"running": [{k: v for k, v in _running()[0].items() if k != "host"}]}, "running[0].host: is required",
+                     id="a running job without its host"),
+        pytest.param({"running": _running(gpus=9)},
+                     "running[0].host: host gpu-2 has 8 GPUs; its running jobs hold 9 with this one",
+                     id="running jobs hold more than their host has"),
+        pytest.param({"hosts": [{"name": "gpu-1", "gpus": 4}, {"name": "gpu-1", "gpus": 8}]},
+                     "hosts[1].name: duplicate host name 'gpu-1' (also at hosts[0].name)", id="duplicate host names"),
+        pytest.param({"hosts": [{"name": "gpu-1", "gpus": 16}, {"name": "gpu-2", "gpus": 16}]},
+                     "hosts: host GPUs sum to 32, above the job queue's capacity 24", id="hosts above the capacity"),
+        pytest.param({"hosts": [{"name": "gpu-2", "gpus": 0}]}, "hosts[0].gpus: 0 is below the minimum 1", id="a host without GPUs"),
+        pytest.param({"hosts": [{"name": "gpu-2", "gpus": 8, "rack": 3}]}, "hosts[0].rack: unknown field",
+                     id="unknown host field"),
+        pytest.param({"hosts": [{"name": "gpu-1", "gpus": 4, "queue": "a"}, {"name": "gpu-2", "gpus": 8, "queue": "b"}]},
+                     "hosts[1].queue: 'b' is not one of a (a decision file is one job queue", id="hosts of two job queues"),
+        pytest.param({"hosts": []}, "hosts: at least one host", id="an empty host list"),
+        pytest.param({"hosts": None}, "running[0].host: only allowed when the decision file lists hosts",
+                     id="a running job's host without hosts"),
+        pytest.param({"pending": [dict(DESIGN_EXAMPLE["pending"][0], host="gpu-1")]}, "pending[0].host: unknown field",
+                     id="a waiting job's host"),
+    ],
+)
+def test_decide_rejects_bad_hosts_with_exit_2_naming_the_field(change, message):
+    result = policy("decide", "-", stdin=json.dumps(dict(HOSTS_EXAMPLE, **change)))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
