@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
-from collections import defaultdict
 from collections.abc import Iterator
 
 from airflow_quota_provider.policy.capacity import Usage
-from airflow_quota_provider.policy.config import Quota
+from airflow_quota_provider.policy.config import PreemptionPolicy, Quota
 from airflow_quota_provider.policy.ordering import entry_key, victim_order
 from airflow_quota_provider.policy.preemption_policy import (
     NOBODY,
@@ -25,17 +24,14 @@ RECLAIM = "reclaim"
 BORROW_WITHIN = "borrow_within"
 
 
-# A candidate list is one quota's (its name) or, with hosts, one quota's on one host ((name, host)).
-ListKey = str | tuple[str, str]
-
-
 class Candidates:
     """The running jobs that may be preempted this cycle, per quota, each list in victim order.
 
     A quota's list is built (filtered, keyed, sorted) only when a search or a reason first looks at
     it: most cycles admit without preempting and never need one. With hosts, a search looks at one
-    host at a time, through the quota's list split per host (the same order). Jobs chosen as victims
-    earlier in the same decision are ``taken`` (:meth:`take`) and skipped afterwards.
+    host at a time, through one list per host of every quota's candidates there (built on the first
+    such search). Jobs chosen as victims earlier in the same decision are ``taken`` (:meth:`take`)
+    and skipped afterwards.
     """
 
     def __init__(self, running: tuple[Job, ...], quotas: dict[str, Quota], now: float) -> None:
@@ -43,22 +39,15 @@ class Candidates:
         self._running: dict[str, list[Job]] | None = None
         self._quotas = quotas
         self.now = now
-        self._sorted: dict[ListKey, list[tuple[tuple, Job]]] = {}
-        self._split: set[str] = set()
-        self._host_gpus: dict[str | None, int] | None = None
+        self._sorted: dict[str, list[tuple[tuple, Job]]] = {}
         self._totals: dict[str, tuple[list[int], list[int]]] = {}
         self.taken: set[str] = set()
-        self._first: dict[ListKey, int] = {}
+        self._first: dict[str, int] = {}
+        self._on_host: dict[str | None, list[tuple[tuple, Job]]] | None = None
+        self._host_gpus: dict[str | None, int] = {}
 
-    def entries(self, name: str, host: str | None = None) -> list[tuple[tuple, Job]]:
-        """A quota's candidates (on ``host`` only, if given) as ``(victim order key, job)``, lowest
-        priority first."""
-        if host is not None:
-            if name not in self._split:  # split once, keeping the order
-                self._split.add(name)
-                for entry in self.entries(name):
-                    self._sorted.setdefault((name, entry[1].host), []).append(entry)
-            return self._sorted.get((name, host), [])
+    def entries(self, name: str) -> list[tuple[tuple, Job]]:
+        """A quota's candidates as ``(victim order key, job)``, lowest priority first."""
         entries = self._sorted.get(name)
         if entries is None:
             if self._running is None:  # grouped once, on the first search of the cycle
@@ -74,17 +63,25 @@ class Candidates:
     def take(self, victim: Job) -> None:
         """``victim`` was chosen in this decision: no later search may choose it again."""
         self.taken.add(victim.id)
-        if self._host_gpus is not None:
+        if self._on_host is not None:
             self._host_gpus[victim.host] -= victim.gpus
+
+    def _host_lists(self) -> dict[str | None, list[tuple[tuple, Job]]]:
+        """Per host, every quota's candidates there, in victim order."""
+        if self._on_host is None:
+            self._on_host = {}
+            for job in self._all_running:
+                if job.id not in self.taken and may_be_preempted(job, self._quotas[job.quota], self.now):
+                    self._on_host.setdefault(job.host, []).append((victim_order(job, self.now), job))
+                    self._host_gpus[job.host] = self._host_gpus.get(job.host, 0) + job.gpus
+            for entries in self._on_host.values():
+                entries.sort(key=entry_key)
+        return self._on_host
 
     def gpus_on(self, host: str) -> int:
         """GPUs of the candidates on ``host`` not yet taken, whatever the rules: an upper bound on what
-        a search on that host can free."""
-        if self._host_gpus is None:
-            self._host_gpus = defaultdict(int)
-            for job in self._all_running:
-                if job.id not in self.taken and may_be_preempted(job, self._quotas[job.quota], self.now):
-                    self._host_gpus[job.host] += job.gpus
+        a search there can free."""
+        self._host_lists()
         return self._host_gpus.get(host, 0)
 
     def own_at_most(self, preemptor: Job, quota: Quota) -> int:
@@ -110,25 +107,23 @@ class Candidates:
     def lowest_priority(self, name: str) -> int | None:
         """The lowest priority among a quota's candidates not yet taken, or None."""
         entries = self.entries(name)
-        first = self._first_untaken(entries, name)
+        first = self._first_untaken(name)
         return entries[first][1].priority if first < len(entries) else None
 
-    def _next_untaken(self, entries: list[tuple[tuple, Job]], position: int) -> int:
+    def _next_untaken(self, name: str, position: int) -> int:
+        entries = self.entries(name)
         while position < len(entries) and entries[position][1].id in self.taken:
             position += 1
         return position
 
-    def _first_untaken(self, entries: list[tuple[tuple, Job]], key: ListKey) -> int:
+    def _first_untaken(self, name: str) -> int:
         # Victims are mostly taken from the front (lowest priority first) and never given back
         # within a cycle, so the first untaken position only moves forward.
-        first = self._first[key] = self._next_untaken(entries, self._first.get(key, 0))
+        first = self._first[name] = self._next_untaken(name, self._first.get(name, 0))
         return first
 
-    def for_preemptor(
-        self, preemptor: Job, quota: Quota, usage: Usage, *, borrow: bool, host: str | None = None
-    ) -> Iterator[tuple[Job, str]]:
-        """Yield ``(candidate, reason)``: other quotas' jobs first, then the preemptor's own; with
-        ``host``, only the candidates on that host.
+    def for_preemptor(self, preemptor: Job, quota: Quota, usage: Usage, *, borrow: bool) -> Iterator[tuple[Job, str]]:
+        """Yield ``(candidate, reason)``: other quotas' jobs first, then the preemptor's own.
 
         Other quotas' jobs are offered only while their quota still runs above its capacity, checked
         against ``usage`` at each step, so a quota stops being a candidate as soon as the victims
@@ -138,43 +133,72 @@ class Candidates:
         candidate above the highest priority its rule allows.
         """
         policy = quota.preemption
-        if borrow:
-            ceiling = borrow_within_ceiling(policy.borrow_within, preemptor)
-            reason = BORROW_WITHIN
-        else:
-            ceiling = reclaim_ceiling(policy.reclaim, preemptor)
-            reason = RECLAIM
+        ceiling, reason = _other_quotas_rule(policy, preemptor, borrow=borrow)
         if ceiling != NOBODY:
             # A k-way merge of the borrowing quotas' lists that drops a quota as soon as it stops
             # borrowing (heapq.merge would walk through all of its remaining entries).
             heap = []
             for name in self._quotas:
                 if name != quota.name and usage.is_borrowing(name):
-                    entries = self.entries(name, host)
-                    position = self._first_untaken(entries, name if host is None else (name, host))
+                    entries = self.entries(name)
+                    position = self._first_untaken(name)
                     if position < len(entries):
                         heap.append((entries[position][0], name, position))
             heapq.heapify(heap)
             while heap:
                 _, name, position = heap[0]
-                entries = self.entries(name, host)
+                entries = self.entries(name)
                 candidate = entries[position][1]
                 if ceiling is not None and candidate.priority > ceiling:
                     break
                 if not usage.is_borrowing(name):
                     heapq.heappop(heap)
                     continue
-                following = self._next_untaken(entries, position + 1)
+                following = self._next_untaken(name, position + 1)
                 if following < len(entries):
                     heapq.heapreplace(heap, (entries[following][0], name, following))
                 else:
                     heapq.heappop(heap)
                 yield candidate, reason
-        own = self.entries(quota.name, host)
-        position = self._first_untaken(own, quota.name if host is None else (quota.name, host))
+        own = self.entries(quota.name)
+        position = self._first_untaken(quota.name)
         for _, candidate in own[position:]:
             if candidate.priority > preemptor.priority:
                 break
             if candidate.id in self.taken or not within_quota_allows(policy.within_quota, preemptor, candidate):
                 continue
             yield candidate, WITHIN_QUOTA
+
+    def on_host(self, preemptor: Job, quota: Quota, usage: Usage, host: str, *, borrow: bool) -> Iterator[tuple[Job, str]]:
+        """:meth:`for_preemptor` restricted to the candidates on ``host``, in the same order.
+
+        A host holds a few jobs, so one list of all its candidates in victim order replaces the merge
+        of per-quota lists: another quota's job is offered while its quota borrows (it never starts
+        again during a search, which only removes jobs) and up to the rule's priority ceiling.
+        """
+        entries = self._host_lists().get(host, ())
+        policy = quota.preemption
+        ceiling, reason = _other_quotas_rule(policy, preemptor, borrow=borrow)
+        if ceiling != NOBODY:
+            for _, candidate in entries:
+                if candidate.quota == quota.name or candidate.id in self.taken:
+                    continue
+                if ceiling is not None and candidate.priority > ceiling:
+                    break
+                if usage.is_borrowing(candidate.quota):
+                    yield candidate, reason
+        for _, candidate in entries:
+            if candidate.quota != quota.name or candidate.id in self.taken:
+                continue
+            if candidate.priority > preemptor.priority:
+                break
+            if within_quota_allows(policy.within_quota, preemptor, candidate):
+                yield candidate, WITHIN_QUOTA
+
+
+def _other_quotas_rule(policy: PreemptionPolicy, preemptor: Job, *, borrow: bool) -> tuple[float | None, str]:
+    """The priority ceiling for other quotas' jobs and the rule that allows them: reclaim when the
+    preemptor's quota ends up within its capacity, ``borrow_within`` when it keeps borrowing."""
+    if borrow:
+        return borrow_within_ceiling(policy.borrow_within, preemptor), BORROW_WITHIN
+    return reclaim_ceiling(policy.reclaim, preemptor), RECLAIM

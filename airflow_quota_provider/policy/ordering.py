@@ -31,14 +31,18 @@ def victim_order(job: Job, now: float) -> tuple:
 def victim_set_order(victims: list[Job], preemptor: Job, now: float) -> tuple:
     """Order of victim sets on different hosts (one host's set each): cheapest first.
 
-    A victim's cost is its place in the victim search's order: other quotas' jobs before the
-    preemptor's own, then :func:`victim_order`. A set's key is its victims' costs, costliest first,
-    compared lexicographically: the set whose costliest victim comes earliest in that order wins,
-    then the one whose next costliest does. Sets on different hosts share no victim and a victim's
-    cost ends on its id, so two hosts' keys never tie.
+    A victim's cost is its place in the victim search's order (:func:`victim_cost`). A set's key is
+    its victims' costs, costliest first, compared lexicographically: the set whose costliest victim
+    comes earliest in that order wins, then the one whose next costliest does. Sets on different
+    hosts share no victim and a victim's cost ends on its id, so two hosts' keys never tie.
     """
-    costs = [(victim.quota == preemptor.quota, victim_order(victim, now)) for victim in victims]
-    return tuple(sorted(costs, reverse=True))
+    return tuple(sorted((victim_cost(victim, preemptor, now) for victim in victims), reverse=True))
+
+
+def victim_cost(victim: Job, preemptor: Job, now: float) -> tuple:
+    """A candidate's place in the victim search's order for ``preemptor``: other quotas' jobs first,
+    then :func:`victim_order`."""
+    return (victim.quota == preemptor.quota, victim_order(victim, now))
 
 
 def entry_key(entry: tuple[tuple, Job]) -> tuple:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from airflow_quota_provider.policy.candidates import Candidates
 from airflow_quota_provider.policy.capacity import Usage
 from airflow_quota_provider.policy.config import Quota
-from airflow_quota_provider.policy.ordering import victim_set_order
+from airflow_quota_provider.policy.ordering import victim_cost, victim_set_order
 from airflow_quota_provider.policy.placement import Placement
 from airflow_quota_provider.policy.preemption_policy import NOBODY, borrow_within_ceiling, reclaim_ceiling
 from airflow_quota_provider.policy.state import Job
@@ -70,11 +70,24 @@ def find_victims(
 def _on_one_host(
     preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, placement: Placement, *, borrow: bool
 ) -> Victims | None:
-    """The cheapest set over the hosts; hosts whose candidates cannot free enough GPUs, whatever the
-    rules, are not searched."""
+    """The cheapest set over the hosts.
+
+    The walk goes through all candidates in the search's order (cheapest first) and searches each
+    host when its cheapest candidate comes up, skipping hosts whose candidates cannot free enough
+    GPUs whatever the rules. It stops at the first candidate costlier than the best set's costliest
+    victim: a host whose candidates all cost more cannot have a cheaper set. So it finds the set an
+    exhaustive search over the hosts would, at the cost of a few hosts' searches, not a fleet's.
+    """
     best: Victims | None = None
     best_key: tuple = ()
-    for host in placement.names:
+    tried: set[str] = set()
+    for candidate, _ in candidates.for_preemptor(preemptor, quota, usage, borrow=borrow):
+        if best is not None and victim_cost(candidate, preemptor, candidates.now) > best_key[0]:
+            break
+        host = candidate.host
+        if host in tried:
+            continue
+        tried.add(host)
         room = placement.free_settled[host]
         if room + candidates.gpus_on(host) < preemptor.gpus:
             continue
@@ -117,7 +130,11 @@ def _minimal_set(
     chosen: Victims = []
     freed = 0
     fits = False
-    for candidate, reason in candidates.for_preemptor(preemptor, quota, usage, borrow=borrow, host=host):
+    if host is None:
+        offered = candidates.for_preemptor(preemptor, quota, usage, borrow=borrow)
+    else:
+        offered = candidates.on_host(preemptor, quota, usage, host, borrow=borrow)
+    for candidate, reason in offered:
         usage.remove(candidate.quota, candidate.gpus)
         chosen.append((candidate, reason))
         freed += candidate.gpus
