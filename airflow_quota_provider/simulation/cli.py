@@ -44,8 +44,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
 _days.__name__ = "days"
 _seconds.__name__ = "seconds"
+_count.__name__ = "count"
 
 # (flags, argparse keyword arguments): the one definition of the options, for both command lines.
 SIMULATE_ARGS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
@@ -63,6 +71,11 @@ SIMULATE_ARGS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--checkpoint-interval",), {"type": _seconds, "default": DEFAULT_CHECKPOINT_INTERVAL_S, "metavar": "S",
                                   "help": "run time between checkpoints for jobs without checkpoint_interval_s "
                                           f"(default {DEFAULT_CHECKPOINT_INTERVAL_S:g}; 0: none)"}),
+    (("--hosts-per-queue",), {"type": _count, "default": None, "metavar": "N",
+                              "help": "place jobs on N hosts per job queue, each job on one host (with "
+                                      "--gpus-per-host; N x G must be each queue's capacity)"}),
+    (("--gpus-per-host",), {"type": _count, "default": None, "metavar": "G",
+                            "help": "GPUs per host (with --hosts-per-queue); jobs above G GPUs are rejected"}),
     (("--json",), {"default": None, "metavar": "OUT.json", "help": "write the figures here"}),
     (("--plot",), {"default": None, "metavar": "OUT.png", "help": "plot busy GPUs and waiting jobs here"}),
 )
@@ -144,7 +157,8 @@ def run_from_args(args: argparse.Namespace) -> Run:
     }
     with _Progress() as progress:
         run = simulate(quota_file, jobs, policies, checkpoint_interval_s=args.checkpoint_interval,
-                       record_timeline=args.plot is not None, progress=progress, workload=workload)
+                       record_timeline=args.plot is not None, progress=progress, workload=workload,
+                       hosts_per_queue=args.hosts_per_queue, gpus_per_host=args.gpus_per_host)
     if args.json:
         Path(args.json).write_text(json.dumps(run.report, indent=2) + "\n")
     if args.plot:

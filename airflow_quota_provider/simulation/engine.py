@@ -9,13 +9,18 @@ the same second costs one decision.
 What the replay does with a :class:`~airflow_quota_provider.policy.Decision`, exactly as the
 executor does:
 
-- ``admit``: the job starts now and, unless stopped, finishes ``remaining work`` later.
+- ``admit``: the job starts now (with hosts, on the host the decision names) and, unless stopped,
+  finishes ``remaining work`` later.
 - ``preempt``: the victim keeps running and holding its GPUs for its quota's ``grace_period_s``,
   passed back to ``decide`` in ``running`` with ``preempted_for`` set. When the grace period ends it
   stops and loses the work done since its last checkpoint (a checkpoint every
   ``checkpoint_interval_s`` of run time; none when that is 0 or unset), then goes back to its queue
   at its original submit time, or fails when the preemption said ``fail``.
 - ``reject``: the job can never run; it is counted and reported, never retried.
+
+Given hosts per job queue, the replay passes them to ``decide`` with each running job's host, and
+checks as it goes that no host holds more GPUs than it has. Without them each queue is one implicit
+host of its capacity, as the policy sees it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from airflow_quota_provider.policy import Job, Queue, QuotaFile, State, decide as policy_decide
+from airflow_quota_provider.policy import Host, Job, Queue, QuotaFile, State, decide as policy_decide
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.simulation.policies import PolicySetup
 from airflow_quota_provider.simulation.workload import InputError, TraceJob
@@ -146,10 +151,15 @@ class _Usage:
 
 
 class _QueueRun:
-    __slots__ = ("queue", "running", "pending", "used", "decide_at", "checkpoints", "timed", "wake_at")
+    __slots__ = ("queue", "hosts", "host_gpus", "host_used", "largest_host", "running", "pending", "used",
+                 "decide_at", "checkpoints", "timed", "wake_at")
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Queue, hosts: tuple[Host, ...] | None) -> None:
         self.queue = queue  # as the policy sees it (after the policy's rewrite of the quota file)
+        self.hosts = hosts  # None: one implicit host of the capacity
+        self.host_gpus = {h.name: h.gpus for h in hosts or ()}
+        self.host_used = dict.fromkeys(self.host_gpus, 0)
+        self.largest_host = max(self.host_gpus.values()) if hosts else None
         self.running: dict[str, Job] = {}
         self.pending = Backlog()  # kept between decisions, so that one costs what it places
         self.used = 0
@@ -173,6 +183,8 @@ class SimulationResult:
     timeline: list[tuple[float, int, int, int]] | None
     """(time, quota index, change in GPUs in use, change in waiting jobs), when recorded."""
     quota_names: list[str] = field(default_factory=list)
+    placed: bool = False
+    """True when the replay had hosts: jobs were placed on them and their size was bound by them."""
 
 
 DecideFn = Callable[[State, float], Any]
@@ -194,14 +206,17 @@ class Simulator:
         record_timeline: bool = False,
         on_progress: Callable[[float], None] | None = None,
         progress_every: int = 2000,
+        hosts: dict[str, tuple[Host, ...]] | None = None,
     ) -> None:
+        """``hosts``: each job queue's hosts, by queue name; None for one implicit host per queue."""
         if not jobs:
             raise InputError("--trace", "no jobs to simulate")
         self.setup = setup
         self.decide_fn = decide
         self.env = Environment(min(j.submit_time_s for j in jobs))
         self.start = self.env.now
-        self.queues = {q.name: _QueueRun(q) for q in setup.quota_file.queues}
+        self.placed = hosts is not None
+        self.queues = {q.name: _QueueRun(q, None if hosts is None else hosts[q.name]) for q in setup.quota_file.queues}
         self.usage: dict[str, _Usage] = {}
         for queue in quota_file.queues:
             run = self.queues[queue.name]
@@ -271,6 +286,8 @@ class Simulator:
         usage.advance(now)
         usage.used -= job.trace.gpus
         job.queue.used -= job.trace.gpus
+        if job.job.host is not None:
+            job.queue.host_used[job.job.host] -= job.trace.gpus
         del job.queue.running[job.trace.id]
         job.busy += (now - job.start) * job.trace.gpus
         self._record(usage, -job.trace.gpus, 0)
@@ -299,7 +316,7 @@ class Simulator:
             job.status = "failed"
             job.end = now
             return
-        job.job = replace(job.job, started_at=None, last_checkpoint_at=None, preempted_for=None,
+        job.job = replace(job.job, started_at=None, last_checkpoint_at=None, preempted_for=None, host=None,
                           preemptions=job.job.preemptions + 1)
         self._enqueue(job, now)
 
@@ -321,7 +338,7 @@ class Simulator:
         if not run.pending:
             return  # nothing to admit, reject or preempt for: the decision is empty by definition
         self._refresh_checkpoints(run, now)
-        state = State.for_queue(run.queue, run.running.values(), run.pending)
+        state = State.for_queue(run.queue, run.running.values(), run.pending, run.hosts)
         decision = self.decide_fn(state, now)
         self.decisions += 1
         if self.on_progress is not None and self.decisions % self.progress_every == 0:
@@ -349,7 +366,7 @@ class Simulator:
             self.env.schedule(now + grace, STOP, self._stop, job, job.attempt)
         for job_id in decision.admit:
             job = self._pending_job(run, job_id, "admit")
-            self._start(run, job, now)
+            self._start(run, job, now, decision.hosts.get(job_id))
         if run.pending and run.timed:
             self._wake_for_timers(run, now)
 
@@ -388,7 +405,7 @@ class Simulator:
         usage.pending_jobs -= 1
         self._record(usage, 0, -1)
 
-    def _start(self, run: _QueueRun, job: SimJob, now: float) -> None:
+    def _start(self, run: _QueueRun, job: SimJob, now: float, host: str | None) -> None:
         run.pending.remove(job.trace.id)
         self._unpend(job)
         gpus = job.trace.gpus
@@ -396,6 +413,14 @@ class Simulator:
         if run.used > run.queue.capacity:
             raise CheckError(f"policy admitted {job.trace.id!r} ({gpus} GPUs) at t={now:g}: queue {run.queue.name} "
                              f"would use {run.used} GPUs of {run.queue.capacity}")
+        if run.hosts is not None:
+            if host not in run.host_used:
+                raise CheckError(f"policy admitted {job.trace.id!r} at t={now:g} on host {host!r}, not one of "
+                                 f"queue {run.queue.name}'s hosts")
+            run.host_used[host] += gpus
+            if run.host_used[host] > run.host_gpus[host]:
+                raise CheckError(f"policy admitted {job.trace.id!r} ({gpus} GPUs) at t={now:g}: host {host} "
+                                 f"would use {run.host_used[host]} GPUs of {run.host_gpus[host]}")
         usage = self.usage[job.quota]
         usage.advance(now)
         usage.used += gpus
@@ -406,7 +431,7 @@ class Simulator:
         job.wait += now - job.ready_at
         if job.first_start is None:
             job.first_start = now
-        job.job = replace(job.job, started_at=now, last_checkpoint_at=now)
+        job.job = replace(job.job, started_at=now, last_checkpoint_at=now, host=host)
         run.running[job.trace.id] = job.job
         self.env.schedule(now + job.remaining, FINISH, self._finish, job, job.attempt)
         if job.checkpoint > 0:
@@ -420,7 +445,8 @@ class Simulator:
         if stuck:
             sample = stuck[0]
             run = sample.queue
-            decision = policy_decide(State.for_queue(run.queue, run.running.values(), run.pending), self.env.now)
+            decision = policy_decide(State.for_queue(run.queue, run.running.values(), run.pending, run.hosts),
+                                     self.env.now)
             reason = next((p.reason for p in decision.pending if p.id == sample.trace.id), "no reason given")
             raise CheckError(
                 f"{self.setup.name}: {len(stuck)} job(s) never finished and nothing is left to happen, e.g. "
@@ -439,4 +465,5 @@ class Simulator:
             decisions=self.decisions,
             timeline=self.timeline,
             quota_names=list(self.usage),
+            placed=self.placed,
         )

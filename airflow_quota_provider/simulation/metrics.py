@@ -3,7 +3,8 @@
 Definitions (all times in seconds, GPU-hours = GPU-seconds / 3600):
 
 - ``jobs``: jobs submitted; ``completed``, ``rejected`` (the policy said it can never run) and
-  ``failed`` (preempted past its ``max_preemptions``) split them.
+  ``failed`` (preempted past its ``max_preemptions``) split them. With hosts,
+  ``rejected_larger_than_host`` counts the rejected jobs that ask for more GPUs than a host has.
 - ``gpu_hours``: useful work served, lost work excluded.
 - ``utilisation``: per quota, the time-average of ``min(GPUs its jobs hold, capacity) / capacity``
   (0-1; what it holds above its capacity is ``borrowed_gpu_hours``); overall, GPUs held / the pool's
@@ -49,16 +50,17 @@ def _r(value: float | None, digits: int = 6) -> float | None:
     return None if value is None else round(value, digits) + 0.0
 
 
-def _summary(jobs: list[SimJob], start: float) -> dict[str, Any]:
+def _summary(jobs: list[SimJob], start: float, placed: bool) -> dict[str, Any]:
     ran = [j for j in jobs if j.first_start is not None]
     waits = [j.wait for j in ran]
     in_quota = [j.wait for j in ran if j.in_quota]
     reclaim = [j.first_start - j.trace.submit_time_s for j in ran if j.reclaim]
     ends = [j.end for j in jobs if j.end is not None]
-    return {
+    rejected = [j for j in jobs if j.status == "rejected"]
+    figures = {
         "jobs": len(jobs),
         "completed": sum(1 for j in jobs if j.status == "completed"),
-        "rejected": sum(1 for j in jobs if j.status == "rejected"),
+        "rejected": len(rejected),
         "failed": sum(1 for j in jobs if j.status == "failed"),
         "gpu_hours": _r(sum(j.busy - j.lost for j in jobs) / 3600.0),
         "wait_mean_s": _r(sum(waits) / len(waits)) if waits else None,
@@ -73,6 +75,9 @@ def _summary(jobs: list[SimJob], start: float) -> dict[str, Any]:
         "lost_gpu_hours": _r(sum(j.lost for j in jobs) / 3600.0),
         "makespan_s": _r(max(ends) - start) if ends else None,
     }
+    if placed:
+        figures["rejected_larger_than_host"] = sum(1 for j in rejected if j.trace.gpus > j.queue.largest_host)
+    return figures
 
 
 def summarize(result: SimulationResult) -> dict[str, Any]:
@@ -84,12 +89,12 @@ def summarize(result: SimulationResult) -> dict[str, Any]:
     quotas: dict[str, Any] = {}
     for name, jobs in by_quota.items():
         usage = result.usage[name]
-        figures = _summary(jobs, result.start)
+        figures = _summary(jobs, result.start, result.placed)
         figures["capacity"] = usage.capacity
         figures["utilisation"] = _r(usage.in_area / (usage.capacity * span)) if usage.capacity and span > 0 else None
         figures["borrowed_gpu_hours"] = _r(usage.over_area / 3600.0)
         quotas[name] = _ordered(figures)
-    overall = _summary(result.jobs, result.start)
+    overall = _summary(result.jobs, result.start, result.placed)
     overall["capacity"] = result.capacity
     busy = sum(u.busy_area for u in result.usage.values())
     overall["utilisation"] = _r(busy / (result.capacity * span)) if span > 0 else None

@@ -7,12 +7,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_quota_provider.policy import QuotaFile
+from airflow_quota_provider.policy import Host, QuotaFile
 from airflow_quota_provider.simulation.checks import run_checks
 from airflow_quota_provider.simulation.engine import QUIET_DECIDE, DecideFn, SimulationResult, Simulator
 from airflow_quota_provider.simulation.metrics import summarize
 from airflow_quota_provider.simulation.policies import POLICIES, policy_setup
-from airflow_quota_provider.simulation.workload import TraceJob
+from airflow_quota_provider.simulation.workload import InputError, TraceJob
 
 DEFAULT_CHECKPOINT_INTERVAL_S = 3600.0
 
@@ -27,6 +27,32 @@ class Run:
     """CPU seconds of this process per policy (less sensitive to other load on the machine)."""
 
 
+def uniform_fleet(
+    quota_file: QuotaFile, hosts_per_queue: int | None, gpus_per_host: int | None
+) -> dict[str, tuple[Host, ...]] | None:
+    """``hosts_per_queue`` hosts of ``gpus_per_host`` GPUs for each job queue, named ``<queue>-<n>``;
+    None when neither is given (one implicit host per queue). Each queue's capacity must be the
+    hosts' GPUs, so that a replay with hosts differs from one without only by where jobs fit."""
+    if hosts_per_queue is None and gpus_per_host is None:
+        return None
+    if hosts_per_queue is None or gpus_per_host is None:
+        missing, given = ("--hosts-per-queue", "--gpus-per-host") if hosts_per_queue is None else (
+            "--gpus-per-host", "--hosts-per-queue")
+        raise InputError(missing, f"is required with {given} (give both, or neither for one implicit host per job queue)")
+    for flag, value in (("--hosts-per-queue", hosts_per_queue), ("--gpus-per-host", gpus_per_host)):
+        if value < 1:
+            raise InputError(flag, f"{value} must be at least 1")
+    fleet = {}
+    width = len(str(hosts_per_queue))
+    for queue in quota_file.queues:
+        if hosts_per_queue * gpus_per_host != queue.capacity:
+            raise InputError("--hosts-per-queue", f"{hosts_per_queue} hosts of {gpus_per_host} GPUs are "
+                             f"{hosts_per_queue * gpus_per_host} GPUs; job queue {queue.name} has {queue.capacity} "
+                             f"(they must be equal)")
+        fleet[queue.name] = tuple(Host(f"{queue.name}-{n:0{width}d}", gpus_per_host) for n in range(1, hosts_per_queue + 1))
+    return fleet
+
+
 def simulate(
     quota_file: QuotaFile,
     jobs: Sequence[TraceJob],
@@ -37,11 +63,16 @@ def simulate(
     decide: DecideFn = QUIET_DECIDE,
     progress: Callable[[str, float, float, float], None] | None = None,
     workload: dict[str, Any] | None = None,
+    hosts_per_queue: int | None = None,
+    gpus_per_host: int | None = None,
 ) -> Run:
     """Replay ``jobs`` under each policy and return the report (see :mod:`.metrics` for the figures).
 
-    ``progress(policy, start, now, end)`` is called now and then during a replay.
+    ``progress(policy, start, now, end)`` is called now and then during a replay. With
+    ``hosts_per_queue`` and ``gpus_per_host`` (both or neither, see :func:`uniform_fleet`), every
+    policy places jobs on the same hosts, and jobs larger than a host are rejected.
     """
+    fleet = uniform_fleet(quota_file, hosts_per_queue, gpus_per_host)
     start = min(j.submit_time_s for j in jobs)
     horizon = max(j.submit_time_s for j in jobs)
     report: dict[str, Any] = {
@@ -56,6 +87,8 @@ def simulate(
         },
         "policies": {},
     }
+    if fleet is not None:
+        report["workload"].update(hosts_per_queue=hosts_per_queue, gpus_per_host=gpus_per_host)
     run = Run(report=report)
     for name in policies:
         setup = policy_setup(quota_file, name)
@@ -65,7 +98,7 @@ def simulate(
                 progress(_name, start, now, horizon)
         began, began_cpu = time.perf_counter(), time.process_time()
         simulator = Simulator(quota_file, setup, jobs, checkpoint_interval_s=checkpoint_interval_s, decide=decide,
-                              record_timeline=record_timeline, on_progress=on_progress)
+                              record_timeline=record_timeline, on_progress=on_progress, hosts=fleet)
         result = simulator.run()
         run.replay_s[name] = time.perf_counter() - began
         run.replay_cpu_s[name] = time.process_time() - began_cpu

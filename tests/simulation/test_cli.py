@@ -154,3 +154,39 @@ def test_module_entry_point_and_kueue_shape(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "kueue-baseline.csv").read_text().count("\n") == 15001
     assert "cq-4-5" in (tmp_path / "kueue-baseline-quotas.yaml").read_text()
+
+
+def test_run_with_hosts_places_jobs_and_reports_the_fleet(tmp_path):
+    jobs = [job("big", "a", 0, 10, 8), job("small", "b", 0, 10, 4)]
+    trace, config = write_files(tmp_path, jobs, two_quotas())
+    out = tmp_path / "o.json"
+    assert main(["run", "--trace", str(trace), "--config", str(config), "--policy", "quota",
+                 "--hosts-per-queue", "2", "--gpus-per-host", "4", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert (report["workload"]["hosts_per_queue"], report["workload"]["gpus_per_host"]) == (2, 4)
+    overall = report["policies"]["quota"]["overall"]
+    assert (overall["rejected"], overall["rejected_larger_than_host"]) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["--hosts-per-queue", "2"], "Error: --gpus-per-host: is required with --hosts-per-queue",
+                     id="hosts without their size"),
+        pytest.param(["--hosts-per-queue", "4", "--gpus-per-host", "4"],
+                     "Error: --hosts-per-queue: 4 hosts of 4 GPUs are 16 GPUs; job queue pool has 8", id="wrong fleet size"),
+    ],
+)
+def test_bad_hosts_are_one_line_naming_the_argument(files, capsys, argv, message):
+    trace, config = files
+    assert main(["run", "--trace", str(trace), "--config", str(config), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_a_host_count_below_one_is_named_by_argparse(files, capsys):
+    trace, config = files
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--trace", str(trace), "--config", str(config), "--gpus-per-host", "0"])
+    assert exit_.value.code == 2
+    assert "argument --gpus-per-host: '0' must be at least 1" in capsys.readouterr().err

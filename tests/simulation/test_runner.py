@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from airflow_quota_provider.policy import decide
+from airflow_quota_provider.policy import Host, decide
 from airflow_quota_provider.simulation.runner import simulate
-from airflow_quota_provider.simulation.workload import kueue_baseline
+from airflow_quota_provider.simulation.workload import InputError, kueue_baseline
 from tests.simulation.builders import RECLAIM_JOBS, job, quota_file, two_quotas
 
 H = 3600.0
@@ -162,3 +162,69 @@ def test_time_based_rules_wake_the_policy_though_nothing_else_happens(rule, high
     by_id = {j.trace.id: j for j in run.results["quota"].jobs}
     assert by_id["high"].first_start == high_starts
     assert by_id["low"].preemptions == 1
+
+
+# Two quotas of 4 on two hosts of 4: j1 and j2 take 3 GPUs of each host. j3's 2 GPUs fit the pool
+# (2 free) and quota b (it borrows 1 of a's idle GPU), but no host until j1 ends at 100.
+FRAGMENTING_JOBS = [job("j1", "a", 0, 100, 3), job("j2", "b", 0, 200, 3), job("j3", "b", 10, 50, 2)]
+
+
+def test_hosts_show_what_fragmentation_costs():
+    pooled = simulate(quota_file(two_quotas()), FRAGMENTING_JOBS, ["quota"], checkpoint_interval_s=0)
+    placed = simulate(quota_file(two_quotas()), FRAGMENTING_JOBS, ["quota"], checkpoint_interval_s=0,
+                      hosts_per_queue=2, gpus_per_host=4)
+    waits = {name: {j.trace.id: j.wait for j in run.results["quota"].jobs} for name, run in (("pooled", pooled), ("placed", placed))}
+    assert waits == {"pooled": {"j1": 0.0, "j2": 0.0, "j3": 0.0}, "placed": {"j1": 0.0, "j2": 0.0, "j3": 90.0}}
+    assert placed.report["workload"]["hosts_per_queue"] == 2 and placed.report["workload"]["gpus_per_host"] == 4
+    assert "hosts_per_queue" not in pooled.report["workload"]
+    assert placed.report["policies"]["quota"]["checks"] == {"conservation": "passed", "zero_wait_queues": []}
+
+
+def test_decide_sees_the_hosts_and_each_running_jobs_host():
+    seen = []
+
+    def recording(state, now):
+        seen.append((now, state.hosts, {j.id: j.host for j in state.running}))
+        return decide(state, now)
+
+    simulate(quota_file(two_quotas()), FRAGMENTING_JOBS, ["quota"], checkpoint_interval_s=0, decide=recording,
+             hosts_per_queue=2, gpus_per_host=4)
+    hosts = (Host("pool-1", 4), Host("pool-2", 4))
+    assert seen[0] == (0.0, hosts, {})
+    assert dict((now, running) for now, _, running in seen)[100.0] == {"j2": "pool-2"}  # j1 ended; j3 goes to pool-1
+
+
+def test_jobs_larger_than_a_host_are_rejected_and_counted():
+    jobs = [job("big", "a", 0, 100, 8), job("small", "b", 0, 100, 4)]
+    run = simulate(quota_file(two_quotas()), jobs, checkpoint_interval_s=0, hosts_per_queue=2, gpus_per_host=4)
+    for policy in ("quota", "static", "fifo"):
+        overall = figures(run.report, policy)
+        assert (overall["rejected"], overall["rejected_larger_than_host"], overall["completed"]) == (1, 1, 1), policy
+        assert figures(run.report, policy, "a")["rejected_larger_than_host"] == 1
+    big = next(j for j in run.results["quota"].jobs if j.trace.id == "big")
+    assert big.message == "asks for 8 GPUs; the largest host of this job queue has 4"
+
+
+def test_one_host_of_the_queue_capacity_replays_as_no_hosts():
+    pooled = simulate(quota_file(two_quotas()), RECLAIM_JOBS, checkpoint_interval_s=100)
+    placed = simulate(quota_file(two_quotas()), RECLAIM_JOBS, checkpoint_interval_s=100, hosts_per_queue=1, gpus_per_host=8)
+    for policy in ("quota", "static", "fifo"):
+        got = dict(figures(placed.report, policy))
+        assert got.pop("rejected_larger_than_host") == 0
+        assert got == figures(pooled.report, policy)
+
+
+@pytest.mark.parametrize(
+    ("hosts_per_queue", "gpus_per_host", "message"),
+    [
+        pytest.param(2, None, "--gpus-per-host: is required with --hosts-per-queue", id="hosts without their size"),
+        pytest.param(None, 4, "--hosts-per-queue: is required with --gpus-per-host", id="a size without hosts"),
+        pytest.param(3, 4, "--hosts-per-queue: 3 hosts of 4 GPUs are 12 GPUs; job queue pool has 8 (they must be equal)",
+                     id="hosts that are not the queue's capacity"),
+        pytest.param(0, 4, "--hosts-per-queue: 0 must be at least 1", id="no hosts"),
+    ],
+)
+def test_hosts_are_both_given_or_neither_and_make_each_queues_capacity(hosts_per_queue, gpus_per_host, message):
+    with pytest.raises(InputError) as error:
+        simulate(quota_file(two_quotas()), RECLAIM_JOBS, hosts_per_queue=hosts_per_queue, gpus_per_host=gpus_per_host)
+    assert str(error.value).startswith(message)
