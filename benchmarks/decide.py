@@ -1,9 +1,11 @@
 """Time one decision cycle at 1,000 and 10,000 pending jobs (2,000 running, 20 quotas).
 
-    python benchmarks/decide.py [--repeat N] [--seed S]
+    python benchmarks/decide.py [--repeat N] [--seed S] [--gpus-per-host G]
 
 Prints the best-of-N time per size, the ratio between them, and the peak memory (tracemalloc) of one
-cycle. Goal (issue 2): at most 50 ms at 10,000 pending on a 2-core machine, ratio at most 15.
+cycle. Goal (issue 2): at most 50 ms at 10,000 pending on a 2-core machine, ratio at most 15. With
+``--gpus-per-host``, the same queue is spread over hosts of G GPUs (each running job on a random host
+with room for it), and the policy places jobs on them (issue 10).
 """
 
 from __future__ import annotations
@@ -13,17 +15,23 @@ import random
 import time
 import tracemalloc
 
-from airflow_quota_provider.policy import Job, PreemptionPolicy, Quota, State, decide
+from airflow_quota_provider.policy import Host, Job, PreemptionPolicy, Quota, State, decide
 
 SHARING = ("lend_and_borrow", "lend_and_borrow", "lend", "reserve")
 WITHIN = ("lower_priority", "lower_or_newer_equal_priority", "never")
 RECLAIM = ("any", "lower_priority", "never")
 
 
-def make_state(pending_jobs: int, *, running_jobs: int = 2000, quotas: int = 20, seed: int = 1) -> tuple[State, float]:
-    """A busy queue: mixed sharing rules, priorities 0-99, sizes 1-8 GPUs, every quota over-subscribed."""
+def make_state(
+    pending_jobs: int, *, running_jobs: int = 2000, quotas: int = 20, seed: int = 1, gpus_per_host: int | None = None
+) -> tuple[State, float]:
+    """A busy queue: mixed sharing rules, priorities 0-99, sizes 1-8 GPUs running and 1-16 waiting,
+    every quota over-subscribed; with ``gpus_per_host``, on hosts of that size."""
     rng = random.Random(seed)
     capacity = 8000
+    hosts = None if gpus_per_host is None else [Host(f"h{i:04d}", gpus_per_host) for i in range(capacity // gpus_per_host)]
+    free = {host.name: host.gpus for host in hosts or ()}
+    place = random.Random(seed + 1)
     quota_list = tuple(
         Quota(
             name=f"q{i:02d}",
@@ -47,6 +55,13 @@ def make_state(pending_jobs: int, *, running_jobs: int = 2000, quotas: int = 20,
         gpus = rng.choice((1, 1, 2, 4, 8))
         if used + gpus > capacity:
             break
+        host = None
+        if hosts is not None:  # its own draws, so that the jobs are the same as without hosts
+            room = [name for name, left in free.items() if left >= gpus]
+            if not room:
+                continue
+            host = place.choice(room)
+            free[host] -= gpus
         used += gpus
         started = rng.uniform(0, now)
         running.append(
@@ -57,6 +72,7 @@ def make_state(pending_jobs: int, *, running_jobs: int = 2000, quotas: int = 20,
                 priority=rng.randrange(100),
                 submitted_at=started - rng.uniform(0, 100),
                 started_at=started,
+                host=host,
             )
         )
     pending = [
@@ -69,7 +85,8 @@ def make_state(pending_jobs: int, *, running_jobs: int = 2000, quotas: int = 20,
         )
         for i in range(pending_jobs)
     ]
-    return State(capacity=capacity, quotas=quota_list, running=tuple(running), pending=tuple(pending)), now
+    hosts_tuple = None if hosts is None else tuple(hosts)
+    return State(capacity=capacity, quotas=quota_list, running=tuple(running), pending=tuple(pending), hosts=hosts_tuple), now
 
 
 def best_time(state: State, now: float, repeat: int) -> tuple[float, object]:
@@ -86,18 +103,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--gpus-per-host", type=int, default=None, help="spread the queue over hosts of this size")
     args = parser.parse_args()
+    if args.gpus_per_host is not None and (args.gpus_per_host < 8 or 8000 % args.gpus_per_host):
+        parser.error("--gpus-per-host: must divide 8,000 and be at least 8 (the largest running job)")
     results = {}
     for pending in (1_000, 10_000):
-        state, now = make_state(pending, seed=args.seed)
+        state, now = make_state(pending, seed=args.seed, gpus_per_host=args.gpus_per_host)
         seconds, decision = best_time(state, now, args.repeat)
         tracemalloc.start()
         decide(state, now)
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         results[pending] = seconds
+        hosts = "" if state.hosts is None else f" hosts={len(state.hosts)}x{args.gpus_per_host}"
         print(
-            f"pending={pending:>6} running={len(state.running)} quotas={len(state.quotas)}: "
+            f"pending={pending:>6} running={len(state.running)} quotas={len(state.quotas)}{hosts}: "
             f"{seconds * 1000:7.2f} ms per cycle (best of {args.repeat}), peak memory {peak / 2**20:.1f} MiB; "
             f"admit={len(decision.admit)} preempt={len(decision.preempt)} pending={len(decision.pending)} reject={len(decision.reject)}"
         )
