@@ -22,7 +22,9 @@ from airflow_quota_provider.usage import quota_rows
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from airflow_quota_provider.policy import QuotaFile
+    from collections.abc import Mapping
+
+    from airflow_quota_provider.policy import QuotaFile, State
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +34,12 @@ GAUGES = ("gpus_in_use", "borrowed", "lent", "free", "pending_jobs", "pending_gp
 _USAGE_FIELD = {"gpus_in_use": "in_use"}
 
 
-def emit_metrics(quota_file: QuotaFile, *, session: Session, since_event_id: int | None) -> int | None:
+def emit_metrics(
+    quota_file: QuotaFile, *, session: Session, since_event_id: int | None, states: Mapping[str, State] | None = None
+) -> int | None:
     """Emit the per-quota gauges, and counters for the audit events after ``since_event_id``.
+
+    ``states`` (job queue -> the state the executor just decided on) spares reading the jobs again.
 
     Returns the id of the last event looked at: pass it back as ``since_event_id`` next time. With
     ``since_event_id=None`` (the first call after a start) history is skipped: only events written
@@ -41,7 +47,7 @@ def emit_metrics(quota_file: QuotaFile, *, session: Session, since_event_id: int
     the cursor then stays where it was.
     """
     try:
-        _emit_gauges(quota_file, session=session)
+        _emit_gauges(quota_file, session=session, states=states)
         if since_event_id is None:
             return session.scalar(select(func.max(QuotaEvent.id))) or 0
         return _emit_event_metrics(quota_file, since_event_id, session=session)
@@ -54,8 +60,8 @@ def _name(metric: str, *parts: str) -> str:
     return normalize_name_for_stats(".".join(["quota", metric, *parts]))
 
 
-def _emit_gauges(quota_file: QuotaFile, *, session: Session) -> None:
-    for row in quota_rows(quota_file, session=session):
+def _emit_gauges(quota_file: QuotaFile, *, session: Session, states: Mapping[str, State] | None) -> None:
+    for row in quota_rows(quota_file, session=session, states=states):
         tags = {"quota": row.quota.name, "queue": row.queue.name}
         for gauge in GAUGES:
             value = getattr(row.usage, _USAGE_FIELD.get(gauge, gauge))

@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from airflow_quota_provider.models.job import JobState, QuotaJob, list_jobs, policy_job
+from airflow_quota_provider.models.job import JobState, QuotaJob, active_job_rows, list_jobs, policy_job
 from airflow_quota_provider.policy import PolicyError, QuotaUsage, State, load_quota_file, summarize
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
+
+    from sqlalchemy import Row
 
     from sqlalchemy.orm import Session
 
@@ -49,19 +51,32 @@ class QuotaRow:
     usage: QuotaUsage
 
 
-def quota_rows(quota_file: QuotaFile, *, session: Session) -> list[QuotaRow]:
+def quota_rows(quota_file: QuotaFile, *, session: Session, states: Mapping[str, State] | None = None) -> list[QuotaRow]:
     """Every quota of every job queue, in file order, with :func:`~airflow_quota_provider.policy.summarize`'s
-    figures computed from the job table."""
-    jobs = list_jobs(states=[JobState.PENDING, JobState.RUNNING, JobState.STOPPING], session=session)
+    figures computed from the job table, or from ``states`` (job queue -> the state a scheduling
+    cycle just decided on; a queue without one has no active job)."""
+    if states is None:
+        states = _queue_states(quota_file, active_job_rows(session=session))
     rows = []
     for queue in quota_file.queues:
-        names = {q.name for q in queue.quotas}
-        mine = [j for j in jobs if j.quota in names]
-        running = [policy_job(j, 0) for j in mine if j.state != JobState.PENDING.value]
-        pending = [policy_job(j, 0) for j in mine if _waiting(j)]
-        usage = summarize(State.for_queue(queue, running, pending))
+        usage = summarize(states.get(queue.name) or State.for_queue(queue, (), ()))
         rows.extend(QuotaRow(queue, quota, usage[quota.name]) for quota in queue.quotas)
     return rows
+
+
+def _queue_states(quota_file: QuotaFile, jobs: Sequence[Row]) -> dict[str, State]:
+    queue_of = {q.name: queue for queue in quota_file.queues for q in queue.quotas}
+    running: dict[str, list] = {queue.name: [] for queue in quota_file.queues}
+    pending: dict[str, list] = {queue.name: [] for queue in quota_file.queues}
+    for job in jobs:
+        queue = queue_of.get(job.quota)
+        if queue is None:
+            continue
+        if job.state != JobState.PENDING.value:
+            running[queue.name].append(policy_job(job, 0))
+        elif job.queued:
+            pending[queue.name].append(policy_job(job, 0))
+    return {q.name: State.for_queue(q, running[q.name], pending[q.name]) for q in quota_file.queues}
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from sqlalchemy import update
+
 from airflow.executors import workloads
 from airflow.utils.state import TaskInstanceState
 from airflow_quota_provider.executors.task_instances import fail_ti, ti_key, ti_state
@@ -13,6 +15,7 @@ from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.job import EventKind, QuotaJob, allocated_devices, devices_of, preemption_count, record_event
 
 if TYPE_CHECKING:
+    from sqlalchemy import Row
     from sqlalchemy.orm import Session
 
     from airflow_quota_provider.executors.launcher import HostDevices
@@ -24,14 +27,16 @@ if TYPE_CHECKING:
 class Act:
     """Mixed into :class:`QuotaExecutor`."""
 
-    def _act(self: QuotaExecutor, cycle: QueueCycle, by_id: dict[str, QuotaJob], now: float, session: Session) -> bool:
+    def _act(self: QuotaExecutor, cycle: QueueCycle, rows: dict[str, Row], now: float, session: Session) -> bool:
+        """Apply the decision; ``rows`` are the cycle's job rows by id (ORM objects are loaded only
+        for the jobs that change state)."""
         decision = cycle.decision
         changed = False
         for rejection in decision.reject:
-            self._reject(by_id[rejection.id], rejection.reason, session)
+            self._reject(_load(session, rejection.id), rejection.reason, session)
             changed = True
         for preemption in decision.preempt:
-            self._preempt(by_id[preemption.id], preemption, cycle, now, session)
+            self._preempt(_load(session, preemption.id), preemption, cycle, now, session)
             changed = True
         in_use: dict[str, int] = {}
         for job in cycle.running:
@@ -39,13 +44,15 @@ class Act:
         held = set(allocated_devices(session=session)) if decision.admit else set()
         for job_id in decision.admit:
             host = self._host_for(cycle, decision, job_id)
-            changed |= self._admit(by_id[job_id], cycle, host, held, in_use, now, session)
-        for p in decision.pending:
-            job = by_id[p.id]
-            if (job.pending_reason, job.pending_position) != (p.reason, p.position):
-                job.pending_reason, job.pending_position = p.reason, p.position
-                changed = True
-        return changed
+            changed |= self._admit(_load(session, job_id), cycle, host, held, in_use, now, session)
+        reasons = [
+            {"id": int(p.id), "pending_reason": p.reason, "pending_position": p.position}
+            for p in decision.pending
+            if (rows[p.id].pending_reason, rows[p.id].pending_position) != (p.reason, p.position)
+        ]
+        if reasons:
+            session.execute(update(QuotaJob), reasons)  # one executemany by primary key
+        return changed or bool(reasons)
 
     def _host_for(self: QuotaExecutor, cycle: QueueCycle, decision: Decision, job_id: str) -> HostDevices | None:
         """The host the policy chose, or the queue's only host when the launcher has one per queue."""
@@ -148,3 +155,7 @@ class Act:
             self.log.exception("Could not launch %s on %s", job.ti_label(), job.host)
             transitions.launch_failed(job, str(e), session=session)
         session.flush()
+
+
+def _load(session: Session, job_id: str) -> QuotaJob:
+    return session.get(QuotaJob, int(job_id))

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from airflow.executors.workloads import ExecutorWorkload
     from airflow.models.taskinstancekey import TaskInstanceKey
     from airflow_quota_provider.executors.launcher import Launcher
-    from airflow_quota_provider.policy import QuotaFile
+    from airflow_quota_provider.policy import QuotaFile, State
 
 SCHEDULE_EVERY_S = 1.0
 
@@ -75,8 +75,11 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         self._last_keepalive = 0.0
         self._last_schedule = 0.0
         self._last_host_check = 0.0
+        self._fleet_problem = ""
         self._dirty = True
         self._to_launch: list[QuotaJob] = []
+        self._states: dict[str, State] = {}
+        """Job queue -> the state of the last scheduling cycle (for the metrics)."""
         self._metrics_cursor: int | None = None
         self._load_startup_config()
 
@@ -236,7 +239,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
                     self._schedule(session)
                     session.flush()
                     self._metrics_cursor = emit_metrics(
-                        self.quota_file, session=session, since_event_id=self._metrics_cursor
+                        self.quota_file, session=session, since_event_id=self._metrics_cursor, states=self._states
                     )
                 self._keep_queued_alive(session)
         except Exception:

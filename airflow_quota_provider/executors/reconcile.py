@@ -7,7 +7,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
-from sqlalchemy import or_, select, tuple_, update
+from sqlalchemy import or_, select, update
 
 from airflow.configuration import conf
 from airflow.executors.executor_loader import ExecutorLoader
@@ -42,14 +42,14 @@ HOST_CHECK_EVERY_S = 2.0
 class Reconcile:
     """Mixed into :class:`QuotaExecutor`."""
 
-    def _holding_jobs(self: QuotaExecutor, session: Session) -> list[QuotaJob]:
-        return list(
-            session.scalars(
-                select(QuotaJob).where(
-                    QuotaJob.state.in_([JobState.RUNNING.value, JobState.STOPPING.value]), QuotaJob.handle.is_not(None)
-                )
+    def _holding_handles(self: QuotaExecutor, session: Session) -> dict[str, int]:
+        """Handle -> job id of every job holding devices under a launch."""
+        rows = session.execute(
+            select(QuotaJob.handle, QuotaJob.id).where(
+                QuotaJob.state.in_([JobState.RUNNING.value, JobState.STOPPING.value]), QuotaJob.handle.is_not(None)
             )
         )
+        return {handle: job_id for handle, job_id in rows}
 
     def _check_hosts(self: QuotaExecutor, session: Session) -> bool:
         """Mark hosts that stopped heartbeating as lost (their jobs are evicted by :meth:`_watch_launches`)."""
@@ -60,20 +60,40 @@ class Reconcile:
         lost = mark_lost_hosts(conf.getfloat("quota", "host_lost_after_s", fallback=30.0), now=now, session=session)
         for host in lost:
             self.log.warning("GPU host %s lost: no heartbeat since %.0f s; its jobs are requeued", host.name, now - host.heartbeat_at)
+        self._check_fleet_size(session)
         return bool(lost)
+
+    def _check_fleet_size(self: QuotaExecutor, session: Session) -> None:
+        """Say (once per change) where the live hosts' GPUs disagree with the quota file: the hosts are
+        what can run, the file's capacities are what the quotas share out."""
+        gpus: dict[str, int] = {}
+        for host in self.launcher.hosts(self.quota_file, session=session):
+            gpus[host.queue] = gpus.get(host.queue, 0) + len(host.devices)
+        known = {queue.name for queue in self.quota_file.queues}
+        problems = [
+            f"job queue {queue.name}: capacity {queue.capacity} GPUs in {self.config.path}, live hosts have {gpus.get(queue.name, 0)}"
+            for queue in self.quota_file.queues
+            if gpus.get(queue.name, 0) != queue.capacity
+        ] + [f"hosts serve job queue {name!r}, which is not in {self.config.path}" for name in sorted(set(gpus) - known)]
+        message = "; ".join(problems)
+        if message != self._fleet_problem:
+            self._fleet_problem = message
+            if message:
+                self.log.warning("GPU fleet and quota file disagree: %s", message)
+            else:
+                self.log.info("GPU fleet matches the quota file")
 
     def _watch_launches(self: QuotaExecutor, session: Session) -> bool:
         """Settle jobs whose process has ended or whose host is lost: finished, preempted, evicted, or
         past the preemption limit."""
-        jobs = self._holding_jobs(session)
-        if not jobs:
+        handles = self._holding_handles(session)
+        if not handles:
             return False
-        statuses = self.launcher.status({job.handle: job.id for job in jobs}, session=session)
         changed = False
-        for job in jobs:
-            status = statuses[job.handle]
+        for handle, status in self.launcher.status(handles, session=session).items():
             if status.liveness == Liveness.RUNNING:
                 continue
+            job = session.get(QuotaJob, handles[handle])
             state = ti_state(job, session)
             if status.liveness == Liveness.TASK_EXITED:
                 # Not started yet, or ended without a word (wait for the supervisor); asked again
@@ -164,21 +184,24 @@ class Reconcile:
             return False
         self._last_keepalive = now
         cutoff = datetime.now(timezone.utc) - timedelta(seconds=timeout / 4)
-        # Waiting jobs, and launched ones whose task has not reported running yet (a slow start).
-        keys = session.execute(
-            select(QuotaJob.dag_id, QuotaJob.run_id, QuotaJob.task_id, QuotaJob.map_index).where(
+        # Waiting jobs, and launched ones whose task has not reported running yet (a slow start);
+        # correlated, not a list of keys: ten thousand keys in an IN clause are too deep for PostgreSQL.
+        waiting = (
+            select(QuotaJob.id)
+            .where(
+                QuotaJob.dag_id == TaskInstance.dag_id,
+                QuotaJob.run_id == TaskInstance.run_id,
+                QuotaJob.task_id == TaskInstance.task_id,
+                QuotaJob.map_index == TaskInstance.map_index,
                 QuotaJob.state.in_([JobState.PENDING.value, JobState.RUNNING.value, JobState.STOPPING.value]),
                 QuotaJob.workload.is_not(None),
             )
-        ).all()
-        if not keys:
-            return False
+            .exists()
+        )
         result = session.execute(
             update(TaskInstance)
             .where(
-                tuple_(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index).in_(
-                    [tuple(k) for k in keys]
-                ),
+                waiting,
                 TaskInstance.state == TaskInstanceState.QUEUED,
                 TaskInstance.queued_dttm < cutoff,
             )

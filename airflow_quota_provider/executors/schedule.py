@@ -8,16 +8,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import Row, and_, select
 
 from airflow_quota_provider.executors.launcher import HostDevices
-from airflow_quota_provider.models.job import JobState, QuotaJob, QuotaPreemptionCount, policy_job
-from airflow_quota_provider.policy import Decision, Host, Job, PolicyError, Queue, State, decide
+from airflow_quota_provider.models.job import JobState, QuotaJob, QuotaPreemptionCount, active_job_rows, policy_job
+from airflow_quota_provider.policy import Decision, Host, Job, Queue, State, decide
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from airflow_quota_provider.executors.quota_executor import QuotaExecutor
+
+
+_PENDING = JobState.PENDING.value  # read once: an Enum member's .value costs a descriptor call per job
 
 
 @dataclass
@@ -35,41 +38,44 @@ class Schedule:
     """Mixed into :class:`QuotaExecutor`."""
 
     def _schedule(self: QuotaExecutor, session: Session) -> bool:
-        """Decide for every job queue with jobs, then act on the decisions."""
-        jobs = session.scalars(
-            select(QuotaJob)
-            .where(QuotaJob.state.in_([JobState.PENDING.value, JobState.RUNNING.value, JobState.STOPPING.value]))
-            .order_by(QuotaJob.submitted_at, QuotaJob.id)
-        ).all()
+        """Decide for every job queue with jobs, then act on the decisions.
+
+        The jobs are read as plain rows (ten thousand waiting jobs are cheap to read, not to build
+        as ORM objects); :mod:`.act` loads the few it changes.
+        """
+        jobs = active_job_rows(session=session)
         if not jobs:
+            self._states = {}
             return False
         now = time.time()
         cycles, changed = self._queue_states(jobs, session)
-        by_id = {j.job_id: j for j in jobs}
+        by_id = {str(j.id): j for j in jobs}
+        self._states = {}
         for cycle in cycles:
-            cycle.decision = decide(self._policy_state(cycle), now)
+            state = self._states[cycle.queue.name] = self._policy_state(cycle)
+            cycle.decision = decide(state, now)
             changed |= self._act(cycle, by_id, now, session)
         return self._launch_admitted(session) or changed
 
-    def _queue_states(self: QuotaExecutor, jobs: Sequence[QuotaJob], session: Session) -> tuple[list[QueueCycle], bool]:
+    def _queue_states(self: QuotaExecutor, jobs: Sequence[Row], session: Session) -> tuple[list[QueueCycle], bool]:
         """Group the jobs by job queue as the policy sees them; jobs of unknown quotas are rejected."""
-        counts = _preemption_counts(jobs, session)
+        counts = _preemption_counts(session)
         hosts = self.launcher.hosts(self.quota_file, session=session)
         cycles: dict[str, QueueCycle] = {}
         changed = False
-        quota_names = [q.name for queue in self.quota_file.queues for q in queue.quotas]
+        queue_of = {q.name: queue for queue in self.quota_file.queues for q in queue.quotas}
         for job in jobs:
-            if job.state == JobState.PENDING.value and not job.workload:
+            if job.state == _PENDING and not job.queued:
                 continue  # revoked or not yet queued again: keeps its place, invisible until then
-            try:
-                queue = self.quota_file.queue_of(job.quota)
-            except (PolicyError, KeyError):
-                if job.state == JobState.PENDING.value:
-                    self._reject(job, self._unknown_quota_message(job, quota_names), session)
+            queue = queue_of.get(job.quota)
+            if queue is None:
+                if job.state == _PENDING:
+                    row = session.get(QuotaJob, job.id)
+                    self._reject(row, self._unknown_quota_message(row, list(queue_of)), session)
                     changed = True
                 continue
             if job.queue_name != queue.name:
-                job.queue_name = queue.name
+                session.get(QuotaJob, job.id).queue_name = queue.name
             cycle = cycles.get(queue.name)
             if cycle is None:
                 cycle = cycles[queue.name] = QueueCycle(queue, [h for h in hosts if h.queue == queue.name])
@@ -77,7 +83,7 @@ class Schedule:
                 job, counts.get((job.dag_id, job.run_id, job.task_id, job.map_index), 0),
                 placed=self.launcher.places_on_hosts,
             )
-            (cycle.pending if job.state == JobState.PENDING.value else cycle.running).append(pj)
+            (cycle.pending if job.state == _PENDING else cycle.running).append(pj)
         ordered = [cycles[q.name] for q in self.quota_file.queues if q.name in cycles]
         return ordered, changed
 
@@ -103,17 +109,21 @@ class Schedule:
         return f"quota: {job.quota!r} is not one of {', '.join(names)} (quota file {self.config.path})"
 
 
-def _preemption_counts(jobs: Sequence[QuotaJob], session: Session) -> dict[tuple, int]:
-    return {
-        (c.dag_id, c.run_id, c.task_id, c.map_index): c.count
-        for c in session.scalars(
-            select(QuotaPreemptionCount).where(
-                tuple_(
-                    QuotaPreemptionCount.dag_id,
-                    QuotaPreemptionCount.run_id,
-                    QuotaPreemptionCount.task_id,
-                    QuotaPreemptionCount.map_index,
-                ).in_([(j.dag_id, j.run_id, j.task_id, j.map_index) for j in jobs])
-            )
+def _preemption_counts(session: Session) -> dict[tuple, int]:
+    """Preemption counts of the task instances with an active job (a join: a list of ten thousand
+    keys in an IN clause is too deep for PostgreSQL)."""
+    count = QuotaPreemptionCount
+    rows = session.execute(
+        select(count.dag_id, count.run_id, count.task_id, count.map_index, count.count)
+        .join(
+            QuotaJob,
+            and_(
+                QuotaJob.dag_id == count.dag_id,
+                QuotaJob.run_id == count.run_id,
+                QuotaJob.task_id == count.task_id,
+                QuotaJob.map_index == count.map_index,
+            ),
         )
-    }
+        .where(QuotaJob.state.in_([JobState.PENDING.value, JobState.RUNNING.value, JobState.STOPPING.value]))
+    )
+    return {(r.dag_id, r.run_id, r.task_id, r.map_index): r.count for r in rows}

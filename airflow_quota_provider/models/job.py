@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from airflow_quota_provider.policy import QuotaFile
 
+    from sqlalchemy import Row
     from sqlalchemy.orm import Session
 
 
@@ -230,12 +231,49 @@ class QuotaPreemptionCount(QuotaBase):
     last_at: Mapped[float | None] = mapped_column(Float)
 
 
-def policy_job(job: QuotaJob, preemptions: int, *, placed: bool = False) -> Job:
-    """The policy's view of a job row (running and stopping jobs carry ``started_at``, and their
-    ``host`` when the policy places jobs on hosts)."""
-    holding = job.state != JobState.PENDING.value
+_PENDING, _STOPPING = JobState.PENDING.value, JobState.STOPPING.value  # read once per import, not per job
+
+ACTIVE_COLUMNS = (
+    QuotaJob.id,
+    QuotaJob.dag_id,
+    QuotaJob.run_id,
+    QuotaJob.task_id,
+    QuotaJob.map_index,
+    QuotaJob.state,
+    QuotaJob.quota,
+    QuotaJob.queue_name,
+    QuotaJob.gpus,
+    QuotaJob.priority,
+    QuotaJob.submitted_at,
+    QuotaJob.started_at,
+    QuotaJob.preemptible,
+    QuotaJob.max_preemptions,
+    QuotaJob.preempted_for,
+    QuotaJob.host,
+    QuotaJob.pending_reason,
+    QuotaJob.pending_position,
+    QuotaJob.workload.is_not(None).label("queued"),
+)
+"""What a scheduling cycle and the usage figures read of each job."""
+
+
+def active_job_rows(*, session: Session) -> Sequence[Row]:
+    """Pending, running and stopping jobs as plain rows of :data:`ACTIVE_COLUMNS`, in queue order
+    (ten thousand waiting jobs are cheap to read, not to build as ORM objects). ``queued`` says
+    whether Airflow has queued the job's task (a revoked or preempted one keeps its place without)."""
+    return session.execute(
+        select(*ACTIVE_COLUMNS)
+        .where(QuotaJob.state.in_([JobState.PENDING.value, JobState.RUNNING.value, JobState.STOPPING.value]))
+        .order_by(QuotaJob.submitted_at, QuotaJob.id)
+    ).all()
+
+
+def policy_job(job: QuotaJob | Row, preemptions: int, *, placed: bool = False) -> Job:
+    """The policy's view of a job (an ORM object or a row with its columns): running and stopping
+    jobs carry ``started_at``, and their ``host`` when the policy places jobs on hosts."""
+    holding = job.state != _PENDING
     return Job(
-        id=job.job_id,
+        id=str(job.id),
         quota=job.quota,
         gpus=job.gpus,
         priority=job.priority,
@@ -244,7 +282,7 @@ def policy_job(job: QuotaJob, preemptions: int, *, placed: bool = False) -> Job:
         preemptible=job.preemptible,
         max_preemptions=job.max_preemptions,
         preemptions=preemptions,
-        preempted_for=job.preempted_for if job.state == JobState.STOPPING.value else None,
+        preempted_for=job.preempted_for if job.state == _STOPPING else None,
         host=job.host if placed and holding else None,
     )
 
