@@ -1,0 +1,266 @@
+"""The GPU fleet, measured: end to end against CeleryExecutor, the executor cycle on PostgreSQL, and
+how fast a preemption notice reaches a task on another host. Prints figures and ratios.
+
+1. ``e2e``: N one-second tasks over 3 hosts of 4 virtual GPUs, through QuotaExecutor + Celery
+   (``airflow quota worker`` hosts) and through plain CeleryExecutor with the same workers
+   (``airflow celery worker``, 4 pool processes each), one after the other on PostgreSQL and Redis.
+   Wall time = the DAG run's end_date - start_date. Goal: ratio at most 1.1.
+2. ``cycle``: one ``QuotaExecutor.sync()`` with 10,000 waiting and 2,000 running jobs (250 hosts of
+   8 GPUs, 20 quotas) on PostgreSQL; the median of steady-state cycles. Goal: at most 200 ms.
+3. ``notice``: 12 running 1-GPU training tasks over 3 hosts, preempted within their quota by 12
+   higher-priority ones; the time from the ``preempted`` audit event to the task's SIGTERM, p50 and
+   p95. Goal: p95 at most 1 s.
+
+usage: python benchmarks/fleet.py [--only e2e|cycle|notice] [--tasks 300] [--keep]
+PostgreSQL and Redis must answer on 127.0.0.1 (``source scripts/services`` starts them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fleet_support import CELERY_EXECUTOR, _admin, running_fleet  # noqa: E402
+from tests.integration_support import QUOTA_EXECUTOR, free_port, provider_shim  # noqa: E402
+
+HOSTS = ("gpu-a", "gpu-b", "gpu-c")
+GPUS = 4
+QUOTAS = """
+queues:
+  - name: gpu-fleet
+    capacity: 12
+    quotas:
+      - {name: bench-0, capacity: 3, grace_period_s: 30}
+      - {name: bench-1, capacity: 3, grace_period_s: 30}
+      - {name: bench-2, capacity: 3, grace_period_s: 30}
+      - {name: bench-3, capacity: 3, grace_period_s: 30}
+"""
+
+E2E_DAG = '''
+import time
+import pendulum
+from airflow.sdk import DAG, task
+
+with DAG("bench_fleet", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
+         max_active_tasks={tasks}):
+    for i in range({tasks}):
+        @task(task_id=f"t{{i:03d}}", pool=f"bench-{{i % 4}}", pool_slots=1)
+        def one_second():
+            time.sleep(1)
+        one_second()
+'''
+
+NOTICE_DAG = '''
+import sys
+import pendulum
+from airflow.sdk import DAG
+from airflow_quota_provider.operators.training import QuotaTrainingOperator
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+STUB = {stub!r}
+for name, priority, steps in (("notice_low", 1, 600), ("notice_high", 50, 2)):
+    with DAG(name, schedule=None, start_date=START, catchup=False, max_active_tasks=12):
+        for i in range(12):
+            QuotaTrainingOperator(task_id=f"{{name}}_{{i:02d}}", quota="bench-0", gpus=1, priority=priority,
+                                  command=[sys.executable, STUB, f"{{name}}_{{i:02d}}", str(steps), "0.5"])
+'''
+
+NOTICE_QUOTAS = """
+queues:
+  - name: gpu-fleet
+    capacity: 12
+    quotas:
+      - {name: bench-0, capacity: 12, grace_period_s: 60}
+"""
+
+
+def _ts(value) -> float:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return datetime.fromisoformat(str(value).replace(" ", "T")).timestamp()
+
+
+def e2e_once(root: Path, name: str, executor: str, tasks: int) -> float:
+    dags = root / f"{name}-dags"
+    dags.mkdir(parents=True)
+    (dags / "bench_fleet.py").write_text(textwrap.dedent(E2E_DAG.format(tasks=tasks)))
+    with running_fleet(
+        root / name, quota_file=QUOTAS, dags_folder=dags, hosts=HOSTS, gpus_per_host=GPUS,
+        port=free_port(18070, 18099, also=50), redis_db=12, executor=executor,
+        extra_env={
+            "AIRFLOW__CORE__PARALLELISM": str(max(256, tasks)),
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(tasks),
+            "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "3600",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+        },
+    ) as fleet:
+        if executor == CELERY_EXECUTOR:  # the same pools, unlimited: only the workers gate
+            for q in range(4):
+                fleet.airflow("pools", "set", f"bench-{q}", "-1", "benchmark pool")
+        run_id = fleet.trigger("bench_fleet")
+        state = fleet.wait_run("bench_fleet", run_id, timeout=3600)
+        row = fleet.sql("SELECT start_date, end_date FROM dag_run WHERE dag_id='bench_fleet' AND run_id=?", run_id)[0]
+        done = fleet.sql("SELECT count(*) AS n FROM task_instance WHERE dag_id='bench_fleet' AND state='success'")[0]["n"]
+        if state != "success" or done != tasks:
+            raise SystemExit(f"Error: {name}: run {state}, {done}/{tasks} tasks succeeded")
+        return _ts(row["end_date"]) - _ts(row["start_date"])
+
+
+def bench_e2e(root: Path, tasks: int) -> None:
+    quota = e2e_once(root, "quota", QUOTA_EXECUTOR, tasks)
+    print(f"e2e QuotaExecutor + Celery: {tasks} one-second tasks on {len(HOSTS)} hosts x {GPUS} GPUs: {quota:.1f} s")
+    celery = e2e_once(root, "celery", CELERY_EXECUTOR, tasks)
+    print(f"e2e CeleryExecutor, the same workers' slots: {celery:.1f} s")
+    print(f"e2e ratio QuotaExecutor/CeleryExecutor: {quota / celery:.3f} (goal <= 1.1)")
+
+
+CYCLE_SCRIPT = r"""
+import json, os, statistics, sys, time
+from airflow.utils.session import create_session
+from airflow_quota_provider.executors.quota_executor import QuotaExecutor
+from airflow_quota_provider.models.host import LaunchState, QuotaHost, QuotaLaunch
+from airflow_quota_provider.models.job import QuotaDeviceAllocation, QuotaJob
+
+HOSTS, PER_HOST, QUOTAS, WAITING = 250, 8, 20, 10_000
+now = time.time()
+with create_session() as s:
+    for h in range(HOSTS):
+        s.add(QuotaHost(name=f"gpu-{h:03d}", queues="fleet", devices=",".join(map(str, range(PER_HOST))),
+                        celery_name=f"celery@gpu-{h:03d}", state="active", registered_at=now, heartbeat_at=now + 3600))
+    s.flush()
+    n = 0
+    for h in range(HOSTS):
+        for d in range(PER_HOST):
+            job = QuotaJob(dag_id="bench", run_id="r", task_id=f"run{n}", map_index=-1, try_number=1,
+                           quota=f"q{n % QUOTAS:02d}", queue_name="fleet", gpus=1, priority=50, preemptible=True,
+                           state="running", submitted_at=now - 100, started_at=now - 50, host=f"gpu-{h:03d}",
+                           handle=f"h{n}", workload="{}")
+            s.add(job)
+            s.flush()
+            s.add(QuotaDeviceAllocation(host=f"gpu-{h:03d}", device=str(d), job_id=job.id, allocated_at=now))
+            s.add(QuotaLaunch(handle=f"h{n}", job_id=job.id, host=f"gpu-{h:03d}", state="started", sent_at=now))
+            n += 1
+    for i in range(WAITING):
+        s.add(QuotaJob(dag_id="bench", run_id="r", task_id=f"wait{i}", map_index=-1, try_number=1,
+                       quota=f"q{i % QUOTAS:02d}", gpus=1 + i % 4, priority=10, preemptible=True,
+                       state="pending", submitted_at=now - 90 + i * 1e-3, workload="{}"))
+executor = QuotaExecutor()
+executor.start()
+times = []
+for _ in range(8):
+    executor._dirty = True
+    t = time.perf_counter()
+    executor.sync()
+    times.append(time.perf_counter() - t)
+with create_session() as s:
+    admitted = s.query(QuotaJob).filter(QuotaJob.state == "running", QuotaJob.task_id.like("wait%")).count()
+print(json.dumps({"first": times[0], "steady": times[1:], "admitted": admitted}))
+"""
+
+
+def bench_cycle(root: Path) -> None:
+    database = f"quota_bench_{os.getpid()}"
+    _admin(f"CREATE DATABASE {database}")
+    quota_path = root / "cycle-quotas.yaml"
+    quotas = "\n".join(f"      - {{name: q{i:02d}, capacity: 100}}" for i in range(20))
+    quota_path.write_text(f"queues:\n  - name: fleet\n    capacity: 2000\n    quotas:\n{quotas}\n")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__")},
+        "AIRFLOW_HOME": str(root / "cycle"),
+        "PYTHONPATH": os.pathsep.join([str(provider_shim(root / "site")), str(ROOT)]),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}",
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": QUOTA_EXECUTOR,
+        "AIRFLOW__CORE__PARALLELISM": "20000",
+        "AIRFLOW__QUOTA__QUOTA_FILE": str(quota_path),
+        "AIRFLOW__QUOTA__LAUNCHER": "celery",
+        "AIRFLOW__CELERY__BROKER_URL": "redis://127.0.0.1:6379/13",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+    }
+    airflow = str(Path(sys.executable).parent / "airflow")
+    try:
+        subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, timeout=600)
+        out = subprocess.run([sys.executable, "-c", CYCLE_SCRIPT], env=env, check=True, capture_output=True,
+                             text=True, timeout=1200)
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"Error: the cycle benchmark failed:\n{e.stderr[-3000:]}")
+    finally:
+        _admin(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+    if "cycle failed" in out.stderr + out.stdout:
+        raise SystemExit(f"Error: a measured cycle failed:\n{(out.stderr + out.stdout)[:6000]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    steady = statistics.median(result["steady"])
+    print(f"cycle: sync() with 10,000 waiting and 2,000 running jobs on PostgreSQL: first {result['first'] * 1000:.0f} ms "
+          f"(writes 10,000 pending reasons), steady median {steady * 1000:.0f} ms, max {max(result['steady']) * 1000:.0f} ms "
+          f"(goal <= 200 ms); admitted {result['admitted']}")
+
+
+def bench_notice(root: Path) -> None:
+    dags = root / "notice-dags"
+    dags.mkdir(parents=True)
+    stub = ROOT / "tests" / "executors" / "train_stub.py"
+    (dags / "notice.py").write_text(textwrap.dedent(NOTICE_DAG.format(stub=str(stub))))
+    with running_fleet(
+        root / "notice", quota_file=NOTICE_QUOTAS, dags_folder=dags, hosts=HOSTS, gpus_per_host=GPUS,
+        port=free_port(18070, 18099, also=50), redis_db=12,
+        extra_env={"AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING"},
+    ) as fleet:
+        fleet.trigger("notice_low")
+        deadline = time.monotonic() + 600
+        while sum(1 for r in fleet.task_records() if r["event"] == "start") < 12:
+            if time.monotonic() > deadline:
+                raise SystemExit("Error: the 12 low-priority tasks did not all start")
+            time.sleep(1)
+        high = fleet.trigger("notice_high")
+        fleet.wait_run("notice_high", high, timeout=1200)
+        preempted = {e["task_id"]: e["at"] for e in fleet.events("preempted", dag_id="notice_low")}
+        sigterm = {}
+        for r in fleet.task_records():
+            if r["event"] == "sigterm" and r["name"] not in sigterm:
+                sigterm[r["name"]] = r["t"]
+        latencies = sorted(sigterm[name] - at for name, at in preempted.items() if name in sigterm)
+    if not latencies:
+        raise SystemExit("Error: no preemption reached a task")
+    p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
+    print(f"notice: {len(latencies)} preemptions across hosts, preempted event -> SIGTERM in the task: "
+          f"p50 {statistics.median(latencies) * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms "
+          f"(goal p95 <= 1000 ms)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("e2e", "cycle", "notice"))
+    parser.add_argument("--tasks", type=int, default=300)
+    parser.add_argument("--keep", action="store_true", help="keep the AIRFLOW_HOMEs")
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="quota-fleet-bench-"))
+    started = time.monotonic()
+    try:
+        if args.only in (None, "cycle"):
+            bench_cycle(root)
+        if args.only in (None, "notice"):
+            bench_notice(root)
+        if args.only in (None, "e2e"):
+            bench_e2e(root, args.tasks)
+        print(f"(benchmark wall time {time.monotonic() - started:.0f} s, homes under {root})")
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
