@@ -128,10 +128,15 @@ def write_trace(jobs: Iterable[TraceJob], path: str | Path) -> None:
         writer.writerow(REQUIRED_COLUMNS + OPTIONAL_COLUMNS)
         for job in jobs:
             writer.writerow([
-                job.id, job.team, f"{job.submit_time_s:g}", f"{job.duration_s:g}", job.gpus,
+                job.id, job.team, _exact(job.submit_time_s), _exact(job.duration_s), job.gpus,
                 "" if job.priority is None else job.priority,
-                "" if job.checkpoint_interval_s is None else f"{job.checkpoint_interval_s:g}",
+                "" if job.checkpoint_interval_s is None else _exact(job.checkpoint_interval_s),
             ])
+
+
+def _exact(seconds: float) -> str:
+    """A time that reads back as the same float: ``:g`` keeps 6 digits, and traces run past 10^6 s."""
+    return str(int(seconds)) if float(seconds).is_integer() else repr(float(seconds))
 
 
 def select_days(jobs: Sequence[TraceJob], from_day: float | None, to_day: float | None) -> list[TraceJob]:

@@ -29,6 +29,15 @@ def test_trace_with_optional_columns_round_trips(tmp_path):
     assert load_trace(path) == jobs
 
 
+def test_written_times_read_back_exactly(tmp_path):
+    # Two months of trace run past 10^6 s; Kueue's shape creates jobs every 0.1 s.
+    jobs = [job("late", "t1", 1768017, 13423, 8), job("tenth", "t2", 0.1 * 3, 0.2, 1, checkpoint=1234567.5)]
+    path = tmp_path / "t.csv"
+    write_trace(jobs, path)
+    assert load_trace(path) == jobs
+    assert path.read_text().splitlines()[1].startswith("late,t1,1768017,13423,8,")
+
+
 def test_itp_style_trace_without_optional_columns(tmp_path):
     path = write(tmp_path, "job_id,team,submit_time_s,duration_s,gpus\nj1,itp07,1999,13423,1\n")
     [loaded] = load_trace(path)
