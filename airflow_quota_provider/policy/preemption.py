@@ -5,12 +5,13 @@ ones in reverse order of choice (skipping the last) and give back each whose ret
 room. It runs on the decision's live :class:`Usage` and always restores it, so deciding stays apart
 from acting: the caller applies the victims it accepts.
 
-With hosts, a job's GPUs are all on one host, so its victims are too: the same search runs once per
-host over that host's candidates, and a set fits only when the quota arithmetic fits *and* the
-host's GPUs free once settled (:mod:`.placement`) plus the victims' make room for the job. Of the hosts where a set is found, the one
-whose set costs least (:func:`~airflow_quota_provider.policy.ordering.victim_set_order`) wins. A
-victim on another host that only the quota arithmetic would need is never chosen: a job whose quota
-needs a reclaim of GPUs on one host while it has room only on another waits.
+With hosts, a job's GPUs are all on one host, so its victims are too: the same search runs per host
+over that host's candidates, and a set fits only when the quota arithmetic fits *and* the host's
+GPUs free once settled (:mod:`.placement`) plus the victims' make room for the job. Of the hosts
+where a set is found, the one whose set costs least
+(:func:`~airflow_quota_provider.policy.ordering.victim_set_order`) wins. A victim on another host
+that only the quota arithmetic would need is never chosen: a job whose quota needs a reclaim of GPUs
+on one host while it has room only on another waits.
 """
 
 from __future__ import annotations
