@@ -44,6 +44,7 @@ class Fleet(AirflowInstance):
         super().__init__(home, database_url=f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}", **kw)
         self.workers: dict[str, subprocess.Popen] = {}
         self._worker_ports: dict[str, int] = {}
+        self._celery = None
 
     def worker_command(self, host: str) -> list[str]:
         if self.env["AIRFLOW__CORE__EXECUTOR"] == CELERY_EXECUTOR:
@@ -73,7 +74,15 @@ class Fleet(AirflowInstance):
         proc = self.workers[host]
         if proc.poll() is not None:
             raise AssertionError(f"worker {host} exited ({proc.returncode}):\n{self.tail(f'worker-{host}')}")
-        return f"celery@{host} ready" in self.tail(f"worker-{host}", chars=200_000)
+        return bool(self._broker().control.ping(destination=[f"celery@{host}"], timeout=1.0))
+
+    def _broker(self):
+        """A bare Celery client on the fleet's broker, for remote-control pings."""
+        from celery import Celery
+
+        if self._celery is None:
+            self._celery = Celery(broker=self.env["AIRFLOW__CELERY__BROKER_URL"])
+        return self._celery
 
     def kill_host(self, host: str) -> None:
         """The host dies: its worker and every process under it get SIGKILL at once."""

@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING
 
 from airflow_quota_provider.executors.celery_worker import TASK_NAME, host_queue
 from airflow_quota_provider.executors.launcher import HostDevices, Liveness, Status
+from sqlalchemy import select
+
 from airflow_quota_provider.models.host import (
     HostState,
     LaunchState,
     QuotaHost,
+    QuotaLaunch,
     cancel_launches,
     launches,
-    list_hosts,
     record_launch,
 )
 
@@ -31,6 +33,9 @@ if TYPE_CHECKING:
 
     from airflow.executors.workloads import ExecuteTask
     from airflow_quota_provider.policy import QuotaFile
+
+
+_CANCELLED, _ENDED = LaunchState.CANCELLED.value, LaunchState.ENDED.value
 
 
 class CeleryLauncher:
@@ -42,10 +47,16 @@ class CeleryLauncher:
         self.app = app
 
     def hosts(self, quota_file: QuotaFile, *, session: Session) -> list[HostDevices]:
+        rows = session.execute(
+            select(QuotaHost.name, QuotaHost.queues, QuotaHost.devices)
+            .where(QuotaHost.state == HostState.ACTIVE.value)
+            .order_by(QuotaHost.name)
+        )
         return [
-            HostDevices(host.name, queue, tuple(host.device_list))
-            for host in list_hosts(session=session, active_only=True)
-            for queue in host.queue_list
+            HostDevices(name, queue, tuple(d for d in devices.split(",") if d))
+            for name, queues, devices in rows
+            for queue in queues.split(",")
+            if queue
         ]
 
     def launch(self, *, job_id: int, host: str, workload: ExecuteTask, env: dict[str, str], session: Session) -> str:
@@ -62,19 +73,28 @@ class CeleryLauncher:
         return handle
 
     def status(self, handles: Mapping[str, int], *, session: Session) -> dict[str, Status]:
-        rows = launches(handles, session=session)
-        lost = {h.name for h in list_hosts(session=session) if h.state == HostState.LOST.value}
+        """From the launch rows (plain rows: thousands run at once) and the lost hosts."""
+        rows = {
+            handle: (state, rc, host)
+            for handle, state, rc, host in session.execute(
+                select(QuotaLaunch.handle, QuotaLaunch.state, QuotaLaunch.rc, QuotaLaunch.host).where(
+                    QuotaLaunch.job_id.in_(set(handles.values()))
+                )
+            )
+        }
+        lost = set(session.scalars(select(QuotaHost.name).where(QuotaHost.state == HostState.LOST.value)))
+        running, ended = Status(Liveness.RUNNING), Status(Liveness.ENDED)
         out = {}
         for handle in handles:
-            launch = rows.get(handle)
-            if launch is None or launch.state == LaunchState.CANCELLED.value:
-                out[handle] = Status(Liveness.ENDED)
-            elif launch.state == LaunchState.ENDED.value:
-                out[handle] = Status(Liveness.ENDED, launch.rc)
-            elif launch.host in lost:
+            state, rc, host = rows.get(handle, (_CANCELLED, None, None))
+            if state == _CANCELLED:
+                out[handle] = ended
+            elif state == _ENDED:
+                out[handle] = Status(Liveness.ENDED, rc)
+            elif host in lost:
                 out[handle] = Status(Liveness.LOST)
             else:
-                out[handle] = Status(Liveness.RUNNING)
+                out[handle] = running
         return out
 
     def notify(self, handle: str, notice: dict, *, session: Session) -> None:

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from airflow.executors.workloads import ExecutorWorkload
     from airflow.models.taskinstancekey import TaskInstanceKey
     from airflow_quota_provider.executors.launcher import Launcher
-    from airflow_quota_provider.policy import QuotaFile, State
+    from airflow_quota_provider.policy import Job, QuotaFile, State
 
 SCHEDULE_EVERY_S = 1.0
 
@@ -78,6 +78,8 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         self._fleet_problem = ""
         self._dirty = True
         self._to_launch: list[QuotaJob] = []
+        self._policy_jobs: dict[tuple, Job] = {}
+        """(job row, preemptions) -> the policy's job, from the last cycle."""
         self._states: dict[str, State] = {}
         """Job queue -> the state of the last scheduling cycle (for the metrics)."""
         self._metrics_cursor: int | None = None

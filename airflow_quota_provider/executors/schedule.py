@@ -64,6 +64,7 @@ class Schedule:
         cycles: dict[str, QueueCycle] = {}
         changed = False
         queue_of = {q.name: queue for queue in self.quota_file.queues for q in queue.quotas}
+        known, seen = self._policy_jobs, {}
         for job in jobs:
             if job.state == _PENDING and not job.queued:
                 continue  # revoked or not yet queued again: keeps its place, invisible until then
@@ -79,11 +80,12 @@ class Schedule:
             cycle = cycles.get(queue.name)
             if cycle is None:
                 cycle = cycles[queue.name] = QueueCycle(queue, [h for h in hosts if h.queue == queue.name])
-            pj = policy_job(
-                job, counts.get((job.dag_id, job.run_id, job.task_id, job.map_index), 0),
-                placed=self.launcher.places_on_hosts,
-            )
+            preemptions = counts.get((job.dag_id, job.run_id, job.task_id, job.map_index), 0)
+            # The same row and count give the same policy job: most cycles rebuild none of them.
+            pj = known.get((job, preemptions)) or policy_job(job, preemptions, placed=self.launcher.places_on_hosts)
+            seen[(job, preemptions)] = pj
             (cycle.pending if job.state == _PENDING else cycle.running).append(pj)
+        self._policy_jobs = seen
         ordered = [cycles[q.name] for q in self.quota_file.queues if q.name in cycles]
         return ordered, changed
 
