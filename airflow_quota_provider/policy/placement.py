@@ -33,6 +33,7 @@ class Placement:
     """Free GPUs per host during one decision."""
 
     def __init__(self, hosts: Iterable[Host], running: Iterable[Job]) -> None:
+        hosts = tuple(hosts)
         # Built once per decision (the simulator makes ~10^5): locals, one pass over the running jobs.
         gpus = self.gpus = {host.name: host.gpus for host in hosts}
         now = self.free_now = dict(gpus)
@@ -46,6 +47,10 @@ class Placement:
                     settled[host] -= used
         except KeyError:
             raise ValueError(f"running job {job.id!r} is on host {job.host!r}, not one of {', '.join(gpus)}") from None
+        self.down = {host.name for host in hosts if host.down}
+        for name in self.down:  # nothing starts or waits there until it is back
+            now[name] = min(now[name], 0)
+            settled[name] = min(settled[name], 0)
         self.names = sorted(gpus)
         self.largest = max(gpus.values(), default=0)
         # Hosts with room now and once settled, by the smaller of the two, each list sorted by name: a
@@ -110,7 +115,10 @@ class Placement:
         most = order[0]
         block = f"largest free block {_gpus(free[most])} on {most}" if free[most] else "every host is full"
         why = f"fragmented: {block}" if total >= gpus else f"{_gpus(total)} free on all hosts together; {block}"
-        shown = ", ".join(f"{name} {self.gpus[name] - free[name]}/{self.gpus[name]}" for name in order[:_HOSTS_SHOWN])
+        shown = ", ".join(
+            f"{name} down" if name in self.down else f"{name} {self.gpus[name] - free[name]}/{self.gpus[name]}"
+            for name in order[:_HOSTS_SHOWN]
+        )
         if len(order) > _HOSTS_SHOWN:
             shown += f" and {len(order) - _HOSTS_SHOWN} others"
         return f"no host has {gpus} free {'GPU' if gpus == 1 else 'GPUs'} ({why}; hosts {shown} in use)"

@@ -86,7 +86,7 @@ def _on_one_host(
         if best is not None and victim_cost(candidate, preemptor, candidates.now) > best_key[0]:
             break
         host = candidate.host
-        if host in tried:
+        if host in tried or host in placement.down:
             continue
         tried.add(host)
         room = placement.free_settled[host]

@@ -49,6 +49,9 @@ class Host:
 
     name: str
     gpus: int
+    down: bool = False
+    """A host that is lost for now: no job starts or is held there, but it still counts as one of the
+    queue's hosts, so a job only it can hold waits for it to return instead of being rejected."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class State:
 def _parse_host(data: Any, path: str) -> tuple[Host, str | None]:
     """One ``hosts`` entry, and the job queue it names (``queue`` is optional)."""
     fields = Fields(data, path)
-    host = Host(name=fields.str("name"), gpus=fields.int("gpus", minimum=1))
+    host = Host(name=fields.str("name"), gpus=fields.int("gpus", minimum=1), down=fields.bool("down", False))
     queue = fields.str("queue", None)
     fields.done()
     return host, queue

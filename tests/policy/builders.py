@@ -33,9 +33,9 @@ class StateBuilder:
         self.quotas.append(quota(name, capacity, **fields))
         return self
 
-    def host(self, name: str, gpus: int) -> StateBuilder:
+    def host(self, name: str, gpus: int, **fields) -> StateBuilder:
         """Add a host; a state with none has one implicit host of the capacity."""
-        self.hosts = [*(self.hosts or []), Host(name, gpus)]
+        self.hosts = [*(self.hosts or []), Host(name, gpus, **fields)]
         return self
 
     def run(self, *args, **fields) -> StateBuilder:

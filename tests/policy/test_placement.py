@@ -187,3 +187,32 @@ def test_the_decision_says_where_each_admitted_job_starts():
 def test_without_hosts_admit_is_a_list_of_ids():
     decision = check(queue(8).quota("a", 8).wait("j1", "a", 4).build(), 100.0, ["j1"], [])
     assert decision.hosts == {} and decision.to_dict()["admit"] == ["j1"]
+
+
+DOWN_HOSTS = [
+    pytest.param(
+        queue(12).quota("a", 12).host("h1", 4, down=True).host("h2", 4).host("h3", 4)
+        .run("r3", "a", 3, host="h3").wait("j4", "a", 4).build(),
+        {"j4": "h2"}, [],
+        id="nothing starts on a host that is down",
+    ),
+    pytest.param(
+        queue(12).quota("a", 12).host("h1", 8, down=True).host("h2", 4).wait("j8", "a", 8).build(),
+        {}, [],
+        id="a job only a down host can hold waits for it instead of being rejected",
+    ),
+    pytest.param(
+        queue(8).quota("a", 4).quota("b", 4).host("h1", 4, down=True).host("h2", 4)
+        .run("rb1", "b", 4, host="h1").run("rb2", "b", 4, host="h2").wait("ja", "a", 4, 50).build(),
+        {}, [("rb2", "ja", "reclaim")],
+        id="victims are never chosen on a host that is down",
+    ),
+]
+
+
+@pytest.mark.parametrize(("state", "admit", "preempt"), DOWN_HOSTS)
+def test_down_hosts(state, admit, preempt):
+    decision = placed(state, admit, preempt)
+    assert not decision.reject
+    for pending in decision.pending:
+        assert "down" in pending.reason or "waiting for preempted jobs" in pending.reason, pending.reason
