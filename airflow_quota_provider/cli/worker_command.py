@@ -22,7 +22,10 @@ ARG_VIRTUAL_GPUS = Arg(
     ("--virtual-gpus",), type=int, help="Virtual GPUs (indexes 0..N-1) when there is neither --devices nor nvidia-smi"
 )
 ARG_HOSTNAME = Arg(("--hostname",), help="The host's name in the fleet (default: this machine's hostname)")
-ARG_CONCURRENCY = Arg(("--concurrency",), type=int, help="Celery pool processes (default: one per GPU)")
+ARG_CONCURRENCY = Arg(
+    ("--concurrency",), type=int,
+    help="Celery pool processes (default: two per GPU, so that a supervisor still finishing does not hold up the next task)",
+)
 ARG_SKIP_SERVE_LOGS = Arg(("--skip-serve-logs",), action="store_true", help="Do not serve task logs from this host")
 
 WORKER_COMMAND = ActionCommand(
@@ -92,7 +95,7 @@ def worker(args) -> None:
     threading.Thread(target=_heartbeat, args=(name, every, stop), name="quota-heartbeat", daemon=True).start()
     argv = [
         "celery", "worker", "--queues", celery_worker.host_queue(name),
-        "--concurrency", str(args.concurrency or len(devices)), "--celery-hostname", name,
+        "--concurrency", str(args.concurrency or 2 * len(devices)), "--celery-hostname", name,
     ]
     if args.skip_serve_logs:
         argv.append("--skip-serve-logs")

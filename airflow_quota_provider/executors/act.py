@@ -58,7 +58,7 @@ class Act:
         """The host the policy chose, or the queue's only host when the launcher has one per queue."""
         name = decision.hosts.get(job_id)
         for host in cycle.hosts:
-            if name is None or host.name == name:
+            if host.up and (name is None or host.name == name):
                 return host
         return None
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from airflow_quota_provider.policy import QuotaFile
 
 
-_CANCELLED, _ENDED = LaunchState.CANCELLED.value, LaunchState.ENDED.value
+_CANCELLED, _ENDED, _TASK_EXITED = LaunchState.CANCELLED.value, LaunchState.ENDED.value, LaunchState.TASK_EXITED.value
 
 
 class CeleryLauncher:
@@ -48,13 +48,11 @@ class CeleryLauncher:
 
     def hosts(self, quota_file: QuotaFile, *, session: Session) -> list[HostDevices]:
         rows = session.execute(
-            select(QuotaHost.name, QuotaHost.queues, QuotaHost.devices)
-            .where(QuotaHost.state == HostState.ACTIVE.value)
-            .order_by(QuotaHost.name)
+            select(QuotaHost.name, QuotaHost.queues, QuotaHost.devices, QuotaHost.state).order_by(QuotaHost.name)
         )
         return [
-            HostDevices(name, queue, tuple(d for d in devices.split(",") if d))
-            for name, queues, devices in rows
+            HostDevices(name, queue, tuple(d for d in devices.split(",") if d), up=state == HostState.ACTIVE.value)
+            for name, queues, devices, state in rows
             for queue in queues.split(",")
             if queue
         ]
@@ -93,6 +91,8 @@ class CeleryLauncher:
                 out[handle] = Status(Liveness.ENDED, rc)
             elif host in lost:
                 out[handle] = Status(Liveness.LOST)
+            elif state == _TASK_EXITED:
+                out[handle] = Status(Liveness.TASK_EXITED)
             else:
                 out[handle] = running
         return out

@@ -9,6 +9,11 @@ worker's main process. Each host consumes a Celery queue of its own (:func:`host
   ``BaseExecutor.run_workload`` in an environment carrying ``CUDA_VISIBLE_DEVICES`` and the
   ``QUOTA_*`` variables, restores the worker's environment (a prefork child runs many tasks), and
   records the exit code. How the try ended is the task instance's state, never this task's result.
+  As soon as the task and everything it started are gone it says so (``task_exited``): Airflow's
+  supervisor may notice its task's exit a whole heartbeat late, and the GPUs need not wait for it
+  (as :class:`~airflow_quota_provider.executors.local_launcher.LocalLauncher` does locally). The
+  worker runs more pool processes than GPUs, so a lingering supervisor does not hold up the next
+  launch; the GPUs, not the pool, gate what runs.
 - ``quota_notify`` writes a preemption notice where the task polls for it (``QUOTA_PREEMPT_FILE``).
 - ``quota_kill`` kills what a launch's worker process started (the task and its descendants).
 """
@@ -18,17 +23,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 
 from celery.signals import worker_process_init
 from celery.worker.control import control_command
 
 from airflow.providers.celery.executors.celery_executor_utils import app
-from airflow_quota_provider.executors.local_launcher import LocalLauncher, _children, become_subreaper, kill_tree
+from airflow_quota_provider.executors.local_launcher import LocalLauncher, _children, _stat_field, become_subreaper, kill_tree
 
 log = logging.getLogger(__name__)
 
 TASK_NAME = "quota_execute_workload"
+TASK_EXIT_POLL_S = 0.2
 STATE_DIR_ENV = "QUOTA_WORKER_STATE_DIR"
 """The worker's job directory root (preempt notices), set by ``airflow quota worker``."""
 
@@ -67,6 +74,7 @@ def execute_quota_workload(self, workload_json: str, job_id: int, env: dict[str,
     jobs.job_dir(job_id).mkdir(parents=True, exist_ok=True)
     jobs.preempt_file(job_id).unlink(missing_ok=True)
     saved = dict(os.environ)
+    done = threading.Event()
     rc = 1
     try:
         os.environ.update(env)
@@ -74,10 +82,12 @@ def execute_quota_workload(self, workload_json: str, job_id: int, env: dict[str,
         become_subreaper()  # what the task leaves behind stays ours, and is ended below
         workload = ExecuteTask.model_validate_json(workload_json)
         log.info("[%s] job %s on GPUs %s: %s", handle, job_id, env.get("CUDA_VISIBLE_DEVICES"), workload.display_name)
+        threading.Thread(target=_report_task_exit, args=(handle, done), name="quota-task-exit", daemon=True).start()
         rc = int(BaseExecutor.run_workload(workload, subprocess_logs_to_stdout=False) or 0)
     except Exception:
         log.exception("[%s] the task supervisor of job %s failed", handle, job_id)
     finally:
+        done.set()
         os.environ.clear()
         os.environ.update(saved)
         for child in _children(os.getpid()) or ():
@@ -86,6 +96,26 @@ def execute_quota_workload(self, workload_json: str, job_id: int, env: dict[str,
         with create_session() as session:
             end_launch(handle, rc=rc, session=session)
     return rc
+
+
+def _report_task_exit(handle: str, done: threading.Event) -> None:
+    """Once this process's task child has come and gone with everything under it, record
+    ``task_exited`` (the executor frees the GPUs when the task instance says the try ended)."""
+    from airflow.utils.session import create_session
+    from airflow_quota_provider.models.host import task_exited
+
+    me, seen = os.getpid(), False
+    while not done.wait(TASK_EXIT_POLL_S):
+        alive = [c for c in _children(me) or () if _stat_field(c, 0) not in (None, "Z")]
+        if alive:
+            seen = True
+        elif seen:
+            try:
+                with create_session() as session:
+                    task_exited(handle, session=session)
+            except Exception:
+                log.warning("[%s] could not record that the task exited", handle, exc_info=True)
+            return
 
 
 def _reap() -> None:

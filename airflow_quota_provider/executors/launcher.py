@@ -48,6 +48,8 @@ class HostDevices:
     name: str
     queue: str
     devices: tuple[str, ...]
+    up: bool = True
+    """False while the host is lost: its devices are out of the pool until it returns."""
 
 
 class Launcher(Protocol):
@@ -56,7 +58,7 @@ class Launcher(Protocol):
     False for one implicit host per queue (the policy behaves exactly as without hosts)."""
 
     def hosts(self, quota_file: QuotaFile, *, session: Session) -> list[HostDevices]:
-        """The hosts whose devices are in the pool now, per job queue."""
+        """The hosts per job queue, with whether their devices are in the pool now."""
 
     def launch(self, *, job_id: int, host: str, workload: ExecuteTask, env: dict[str, str], session: Session) -> str:
         """Start ``workload`` on ``host`` with ``env`` (``CUDA_VISIBLE_DEVICES`` and ``QUOTA_*``) added

@@ -68,7 +68,8 @@ class Reconcile:
         what can run, the file's capacities are what the quotas share out."""
         gpus: dict[str, int] = {}
         for host in self.launcher.hosts(self.quota_file, session=session):
-            gpus[host.queue] = gpus.get(host.queue, 0) + len(host.devices)
+            if host.up:
+                gpus[host.queue] = gpus.get(host.queue, 0) + len(host.devices)
         known = {queue.name for queue in self.quota_file.queues}
         problems = [
             f"job queue {queue.name}: capacity {queue.capacity} GPUs in {self.config.path}, live hosts have {gpus.get(queue.name, 0)}"

@@ -80,7 +80,7 @@ class Schedule:
             cycle = cycles.get(queue.name)
             if cycle is None:
                 cycle = cycles[queue.name] = QueueCycle(queue, [h for h in hosts if h.queue == queue.name])
-            preemptions = counts.get((job.dag_id, job.run_id, job.task_id, job.map_index), 0)
+            preemptions = counts.get(job.id, 0)
             # The same row and count give the same policy job: most cycles rebuild none of them.
             pj = known.get((job, preemptions)) or policy_job(job, preemptions, placed=self.launcher.places_on_hosts)
             seen[(job, preemptions)] = pj
@@ -90,16 +90,16 @@ class Schedule:
         return ordered, changed
 
     def _policy_state(self: QuotaExecutor, cycle: QueueCycle) -> State:
-        """The queue as the policy sees it; on a fleet with its live hosts (each running job's host
-        among them, until the job is evicted)."""
+        """The queue as the policy sees it; on a fleet with its hosts, a lost one down (it still
+        counts for the rule on a job larger than every host, so that waits instead of failing)."""
         if not self.launcher.places_on_hosts:
             return State.for_queue(cycle.queue, cycle.running, cycle.pending)
-        hosts = {h.name: Host(h.name, len(h.devices)) for h in cycle.hosts}
-        gone: dict[str, int] = {}  # a host lost this cycle: as full as its jobs, nothing more lands there
+        hosts = {h.name: Host(h.name, len(h.devices), down=not h.up) for h in cycle.hosts}
+        unknown: dict[str, int] = {}  # a job on a host no longer registered: down, as large as its jobs
         for job in cycle.running:
             if job.host not in hosts:
-                gone[job.host] = gone.get(job.host, 0) + job.gpus
-        hosts.update((name, Host(name, gpus)) for name, gpus in gone.items())
+                unknown[job.host] = unknown.get(job.host, 0) + job.gpus
+        hosts.update((name, Host(name, gpus, down=True)) for name, gpus in unknown.items())
         return State.for_queue(cycle.queue, cycle.running, cycle.pending, hosts=sorted(hosts.values(), key=lambda h: h.name))
 
     def _unknown_quota_message(self: QuotaExecutor, job: QuotaJob, names: list[str]) -> str:
@@ -111,12 +111,12 @@ class Schedule:
         return f"quota: {job.quota!r} is not one of {', '.join(names)} (quota file {self.config.path})"
 
 
-def _preemption_counts(session: Session) -> dict[tuple, int]:
-    """Preemption counts of the task instances with an active job (a join: a list of ten thousand
-    keys in an IN clause is too deep for PostgreSQL)."""
+def _preemption_counts(session: Session) -> dict[int, int]:
+    """Job id -> preemption count of its task instance, for the active jobs (a join: a list of ten
+    thousand keys in an IN clause is too deep for PostgreSQL)."""
     count = QuotaPreemptionCount
     rows = session.execute(
-        select(count.dag_id, count.run_id, count.task_id, count.map_index, count.count)
+        select(QuotaJob.id, count.count)
         .join(
             QuotaJob,
             and_(
@@ -128,4 +128,4 @@ def _preemption_counts(session: Session) -> dict[tuple, int]:
         )
         .where(QuotaJob.state.in_([JobState.PENDING.value, JobState.RUNNING.value, JobState.STOPPING.value]))
     )
-    return {(r.dag_id, r.run_id, r.task_id, r.map_index): r.count for r in rows}
+    return {job_id: n for job_id, n in rows}

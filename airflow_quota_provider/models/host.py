@@ -42,6 +42,9 @@ class LaunchState(str, Enum):
     """Published to the host's queue; the worker has not taken it yet."""
     STARTED = "started"
     """The worker took it and runs the task supervisor."""
+    TASK_EXITED = "task_exited"
+    """The task and everything it started are gone; the supervisor is still finishing (it may notice
+    a whole heartbeat late). Once the task instance says how the try ended, the devices are free."""
     ENDED = "ended"
     """The supervisor returned (``rc``); how the try ended is the task instance's state."""
     CANCELLED = "cancelled"
@@ -180,10 +183,20 @@ def start_launch(handle: str, *, worker_pid: int, session: Session) -> bool:
     return bool(result.rowcount)
 
 
-def end_launch(handle: str, *, rc: int, session: Session) -> None:
+def task_exited(handle: str, *, session: Session) -> None:
+    """``started`` -> ``task_exited``."""
     session.execute(
         update(QuotaLaunch)
         .where(QuotaLaunch.handle == handle, QuotaLaunch.state == LaunchState.STARTED.value)
+        .values(state=LaunchState.TASK_EXITED.value)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def end_launch(handle: str, *, rc: int, session: Session) -> None:
+    session.execute(
+        update(QuotaLaunch)
+        .where(QuotaLaunch.handle == handle, QuotaLaunch.state.in_([LaunchState.STARTED.value, LaunchState.TASK_EXITED.value]))
         .values(state=LaunchState.ENDED.value, rc=rc, ended_at=time.time())
         .execution_options(synchronize_session=False)
     )
@@ -195,7 +208,10 @@ def cancel_launches(handles: Iterable[str], *, session: Session) -> None:
     if handles:
         session.execute(
             update(QuotaLaunch)
-            .where(QuotaLaunch.handle.in_(handles), QuotaLaunch.state.in_([LaunchState.SENT.value, LaunchState.STARTED.value]))
+            .where(
+                QuotaLaunch.handle.in_(handles),
+                QuotaLaunch.state.in_([LaunchState.SENT.value, LaunchState.STARTED.value, LaunchState.TASK_EXITED.value]),
+            )
             .values(state=LaunchState.CANCELLED.value, ended_at=time.time())
             .execution_options(synchronize_session=False)
         )

@@ -235,10 +235,6 @@ _PENDING, _STOPPING = JobState.PENDING.value, JobState.STOPPING.value  # read on
 
 ACTIVE_COLUMNS = (
     QuotaJob.id,
-    QuotaJob.dag_id,
-    QuotaJob.run_id,
-    QuotaJob.task_id,
-    QuotaJob.map_index,
     QuotaJob.state,
     QuotaJob.quota,
     QuotaJob.queue_name,
