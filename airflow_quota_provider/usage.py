@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_quota_provider.models.job import JobState, QuotaJob, active_job_rows, list_jobs, policy_job
-from airflow_quota_provider.policy import PolicyError, QuotaUsage, State, load_quota_file, summarize
+from airflow_quota_provider.policy import QuotaUsage, State, summarize
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -30,16 +30,12 @@ class QuotaFileUnavailable(RuntimeError):
 def configured_quota_file() -> QuotaFile:
     """The quota file named by ``[quota] quota_file``, read now (edits show up on the next call)."""
     from airflow.configuration import conf
+    from airflow_quota_provider.executors.config import QuotaConfigError, read_quota_file
 
-    path = conf.get("quota", "quota_file", fallback="")
-    if not path:
-        raise QuotaFileUnavailable("[quota] quota_file: not set; point it at the quota file (YAML)")
     try:
-        return load_quota_file(path)
-    except PolicyError as e:
-        raise QuotaFileUnavailable(f"{path}: {e}") from None
-    except OSError as e:
-        raise QuotaFileUnavailable(f"[quota] quota_file: cannot read {path}: {e.strerror}") from None
+        return read_quota_file(conf.get("quota", "quota_file", fallback=""))
+    except QuotaConfigError as e:
+        raise QuotaFileUnavailable(str(e)) from None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.airflow_e2e import DAG as E2E_DAG  # noqa: E402
 from tests.fleet_support import CELERY_EXECUTOR, _admin, running_fleet  # noqa: E402
 from tests.integration_support import QUOTA_EXECUTOR, free_port, provider_shim  # noqa: E402
 
@@ -48,20 +49,6 @@ queues:
       - {name: bench-2, capacity: 3, grace_period_s: 30}
       - {name: bench-3, capacity: 3, grace_period_s: 30}
 """
-
-E2E_DAG = '''
-import time
-import pendulum
-from airflow.sdk import DAG, task
-
-with DAG("bench_fleet", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
-         max_active_tasks={tasks}):
-    for i in range({tasks}):
-        @task(task_id=f"t{{i:03d}}", pool=f"bench-{{i % 4}}", pool_slots=1)
-        def one_second():
-            time.sleep(1)
-        one_second()
-'''
 
 NOTICE_DAG = '''
 import sys
@@ -96,7 +83,7 @@ def _ts(value) -> float:
 def e2e_once(root: Path, name: str, executor: str, tasks: int) -> float:
     dags = root / f"{name}-dags"
     dags.mkdir(parents=True)
-    (dags / "bench_fleet.py").write_text(textwrap.dedent(E2E_DAG.format(tasks=tasks)))
+    (dags / "bench_e2e.py").write_text(textwrap.dedent(E2E_DAG.format(tasks=tasks, quotas=4)))
     with running_fleet(
         root / name, quota_file=QUOTAS, dags_folder=dags, hosts=HOSTS, gpus_per_host=GPUS,
         port=free_port(18070, 18099, also=50), redis_db=12, executor=executor,
@@ -110,10 +97,10 @@ def e2e_once(root: Path, name: str, executor: str, tasks: int) -> float:
         if executor == CELERY_EXECUTOR:  # the same pools, unlimited: only the workers gate
             for q in range(4):
                 fleet.airflow("pools", "set", f"bench-{q}", "-1", "benchmark pool")
-        run_id = fleet.trigger("bench_fleet")
-        state = fleet.wait_run("bench_fleet", run_id, timeout=3600)
-        row = fleet.sql("SELECT start_date, end_date FROM dag_run WHERE dag_id='bench_fleet' AND run_id=?", run_id)[0]
-        done = fleet.sql("SELECT count(*) AS n FROM task_instance WHERE dag_id='bench_fleet' AND state='success'")[0]["n"]
+        run_id = fleet.trigger("bench_e2e")
+        state = fleet.wait_run("bench_e2e", run_id, timeout=3600)
+        row = fleet.sql("SELECT start_date, end_date FROM dag_run WHERE dag_id='bench_e2e' AND run_id=?", run_id)[0]
+        done = fleet.sql("SELECT count(*) AS n FROM task_instance WHERE dag_id='bench_e2e' AND state='success'")[0]["n"]
         if state != "success" or done != tasks:
             raise SystemExit(f"Error: {name}: run {state}, {done}/{tasks} tasks succeeded")
         return _ts(row["end_date"]) - _ts(row["start_date"])

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import create_engine
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
-from airflow_quota_provider.models.base import quota_metadata
 from airflow_quota_provider.models.job import (
     EventKind,
     JobNotFound,
@@ -29,14 +26,6 @@ from airflow_quota_provider.policy import parse_quota_file
 CAPPED = parse_quota_file(
     {"queues": [{"name": "fleet", "capacity": 4, "quotas": [{"name": "team-a", "capacity": 4, "max_priority": 100}]}]}
 )
-
-
-@pytest.fixture
-def session():
-    engine = create_engine("sqlite://")
-    quota_metadata.create_all(engine)
-    with Session(engine) as s:
-        yield s
 
 
 def _job(session, task_id: str, state: JobState = JobState.PENDING, **kw) -> QuotaJob:

@@ -4,11 +4,8 @@ audit event, and refuses any other state naming the job and the state."""
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
 from airflow_quota_provider.models import transitions
-from airflow_quota_provider.models.base import quota_metadata
 from airflow_quota_provider.models.host import (
     HostState,
     LaunchState,
@@ -28,14 +25,6 @@ from airflow_quota_provider.models.job import (
     allocated_devices,
     preemption_count,
 )
-
-
-@pytest.fixture
-def session():
-    engine = create_engine("sqlite://")
-    quota_metadata.create_all(engine)
-    with Session(engine) as s:
-        yield s
 
 
 def _job(session, task_id: str, state: JobState = JobState.PENDING, **kw) -> QuotaJob:
