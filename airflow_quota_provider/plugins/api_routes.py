@@ -1,15 +1,22 @@
 """REST routes under ``/quota/api``. Quotas are Airflow pools, so reading needs pool read access and
-changing a job's priority needs pool edit access (``PUT``) on the job's quota."""
+changing a job's priority needs pool edit access (``PUT``) on the job's quota.
+
+Every parameter is typed and bounded here, at the boundary: job ids are ASCII decimal strings of at
+most ten digits, page offsets fit the database, bodies are strict (:mod:`.datamodels`); and every
+status a route answers is in the OpenAPI document.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Query, status
+from pydantic import WithJsonSchema
 
 from airflow.api_fastapi.auth.managers.models.resource_details import PoolDetails
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.common.router import AirflowRouter
+from airflow.api_fastapi.core_api.openapi.exceptions import create_openapi_http_exception_doc
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_pool
 from airflow_quota_provider.models.job import JobNotFound
 from airflow_quota_provider.plugins import services
@@ -23,10 +30,20 @@ from airflow_quota_provider.plugins.datamodels import (
 )
 from airflow_quota_provider.usage import QuotaFileUnavailable, configured_quota_file
 
-api_router = AirflowRouter(tags=["Quota"])
+api_router = AirflowRouter(tags=["Quota"], responses=create_openapi_http_exception_doc([401, 403]))
 
 CanRead = [Depends(requires_access_pool("GET"))]
 CanEdit = [Depends(requires_access_pool("PUT"))]
+
+MAX_OFFSET = services.MAX_JOB_ID
+"""Rows a page may skip: more than any table holds, and within what every database takes for OFFSET."""
+JOB_ID_DOC = "Job id (the `id` of GET /jobs): ASCII decimal digits."
+
+
+def in_query(**schema: object) -> WithJsonSchema:
+    """An optional query parameter's schema as the query string carries it: FastAPI documents
+    ``str | None`` as ``anyOf [string, null]``, but a query string has no null (absent is the default)."""
+    return WithJsonSchema(schema)
 
 
 def _quota_file():
@@ -36,28 +53,29 @@ def _quota_file():
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(e))
 
 
-@api_router.get("/queues", dependencies=CanRead)
+@api_router.get("/queues", dependencies=CanRead, responses=create_openapi_http_exception_doc([503]))
 def get_queues(session: SessionDep) -> QueueCollectionResponse:
     """Job queues: capacity, quotas, GPUs in use and jobs waiting."""
     return services.queues(_quota_file(), session=session)
 
 
-@api_router.get("/quotas", dependencies=CanRead)
+@api_router.get("/quotas", dependencies=CanRead, responses=create_openapi_http_exception_doc([503]))
 def get_quotas(session: SessionDep) -> QuotaCollectionResponse:
     """Quotas: capacity, in use, borrowed, lent, free, pending, sharing rule and limits."""
     return services.quotas(_quota_file(), session=session)
 
 
-@api_router.get("/jobs", dependencies=CanRead)
+@api_router.get("/jobs", dependencies=CanRead, responses=create_openapi_http_exception_doc([400]))
 def get_jobs(
     session: SessionDep,
-    quota: Annotated[str | None, Query(description="Only jobs of this quota.")] = None,
+    quota: Annotated[str | None, Query(description="Only jobs of this quota."), in_query(type="string")] = None,
     state: Annotated[
         list[str] | None,
         Query(description=f"Only jobs in these states (repeat or comma-separate): {', '.join(services.JOB_STATES)}."),
+        in_query(type="array", items={"type": "string", "pattern": services.STATES_PATTERN}),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 100,
-    offset: Annotated[int, Query(ge=0, description="Jobs to skip.")] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Jobs to skip.")] = 0,
 ) -> JobCollectionResponse:
     """Jobs, oldest submission first: state, GPUs and devices, priority, preemptions, pending reason
     and position, times, and a link to the task instance."""
@@ -71,15 +89,17 @@ def get_jobs(
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(e))
 
 
-@api_router.patch("/jobs/{job_id}", dependencies=CanEdit)
+@api_router.patch(
+    "/jobs/{job_id}", dependencies=CanEdit, responses=create_openapi_http_exception_doc([400, 404, 409, 503])
+)
 def patch_job(
-    job_id: Annotated[str, Path(description="Job id (the `id` of GET /jobs).")],
+    job_id: Annotated[str, Path(pattern=services.JOB_ID_PATTERN, description=JOB_ID_DOC)],
     body: JobPatchBody,
     user: GetUserDep,
     session: SessionDep,
 ) -> JobResponse:
     """Change a waiting or running job's priority; the next scheduling cycle uses it. Refused (400)
-    above the quota's ``max_priority``. The change is written to the audit log."""
+    above the quota's ``max_priority``; 404 for an id no job has. The change is written to the audit log."""
     from airflow.api_fastapi.app import get_auth_manager
 
     quota_file = _quota_file()
@@ -99,14 +119,22 @@ def patch_job(
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(e))
 
 
-@api_router.get("/events", dependencies=CanRead)
+@api_router.get("/events", dependencies=CanRead, responses=create_openapi_http_exception_doc([400]))
 def get_events(
     session: SessionDep,
-    quota: Annotated[str | None, Query(description="Only events of this quota.")] = None,
-    kind: Annotated[str | None, Query(description=f"Only this kind: {', '.join(services.EVENT_KINDS)}.")] = None,
-    job_id: Annotated[str | None, Query(description="Only events of this job.")] = None,
+    quota: Annotated[str | None, Query(description="Only events of this quota."), in_query(type="string")] = None,
+    kind: Annotated[
+        str | None,
+        Query(description=f"Only this kind: {', '.join(services.EVENT_KINDS)}."),
+        in_query(type="string", enum=list(services.EVENT_KINDS)),
+    ] = None,
+    job_id: Annotated[
+        str | None,
+        Query(pattern=services.JOB_ID_PATTERN, description=f"Only events of this job. {JOB_ID_DOC}"),
+        in_query(type="string", pattern=services.JOB_ID_PATTERN),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 50,
-    offset: Annotated[int, Query(ge=0, description="Events to skip (newest first).")] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Events to skip (newest first).")] = 0,
 ) -> EventCollectionResponse:
     """The audit log, newest first, paged."""
     try:

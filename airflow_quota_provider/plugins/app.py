@@ -3,15 +3,27 @@
 Airflow mounts plugin apps without authentication, so every route declares its own access
 dependency; FastAPI's own documentation routes are off and the OpenAPI document is served behind
 authentication at ``/quota/api/openapi.json``.
+
+A request that fails validation is answered 422 in FastAPI's shape (``detail``: a list of
+``{loc, msg, type, input, ctx}``), but :func:`bounded_validation_errors` repeats at most
+:data:`MAX_ECHO` characters of what the caller sent: a 5 MB body is not sent back, and values JSON
+cannot carry (``NaN``, ``Infinity``, bytes) are shown as text instead of failing the response.
 """
 
 from __future__ import annotations
 
-from fastapi import Depends, FastAPI
+import json
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from airflow.api_fastapi.core_api.security import requires_authenticated
 
 URL_PREFIX = "/quota"
+MAX_ECHO = 100
+"""Characters of a rejected value (or of a body key) that a 422 repeats."""
 
 
 def create_app() -> FastAPI:
@@ -27,9 +39,52 @@ def create_app() -> FastAPI:
     )
     app.include_router(api_router, prefix="/api")
     app.include_router(ui_router, prefix="/ui")
+    app.add_exception_handler(RequestValidationError, bounded_validation_errors)
 
     @app.get("/api/openapi.json", dependencies=[Depends(requires_authenticated())], include_in_schema=False)
     def openapi() -> dict:
         return app.openapi()
 
     return app
+
+
+async def bounded_validation_errors(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422, with every repeated value made JSON-safe and cut to :data:`MAX_ECHO` characters."""
+    errors = []
+    for error in exc.errors():
+        bounded = {
+            "loc": [part if isinstance(part, int) else _cut(str(part)) for part in error.get("loc", ())],
+            "msg": _cut(str(error.get("msg", "")), 500),
+            "type": str(error.get("type", "")),
+        }
+        if "input" in error:
+            bounded["input"] = echo(error["input"])
+        if error.get("ctx"):
+            bounded["ctx"] = {str(key): echo(value) for key, value in error["ctx"].items()}
+        errors.append(bounded)
+    return JSONResponse(status_code=422, content={"detail": errors})
+
+
+def echo(value: Any) -> Any:
+    """``value`` as a 422 may repeat it: itself when it is plain JSON of at most :data:`MAX_ECHO`
+    characters, else a text of at most that many characters that says how long the whole was."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):  # NaN, Infinity, bytes, exceptions, very deep values
+        return _cut(_text(value))
+    return value if len(text) <= MAX_ECHO else _cut(text)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, BaseException):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    try:
+        return repr(value)
+    except (ValueError, RecursionError):  # an int of more digits than Python prints, a self-nesting value
+        return f"<{type(value).__name__}>"
+
+
+def _cut(text: str, limit: int = MAX_ECHO) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

@@ -4,10 +4,16 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import BeforeValidator, ConfigDict, Field
 
 from airflow.api_fastapi.core_api.base import BaseModel, StrictBaseModel
+
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+"""Priorities are 32-bit signed integers: the range of Airflow's own ``priority_weight``
+(``DB_SAFE_MINIMUM``/``DB_SAFE_MAXIMUM``), which a task's priority comes from, and of the job table's
+``priority`` column on every database Airflow supports."""
 
 
 class QueueResponse(BaseModel):
@@ -108,10 +114,29 @@ class JobCollectionResponse(BaseModel):
     total_entries: int = Field(description="Jobs matching the filters, on all pages.")
 
 
-class JobPatchBody(StrictBaseModel):
-    """A change to a job; only the priority can change."""
+def _json_integer(value: Any) -> Any:
+    """A JSON number without a fraction (``50.0``) is an integer, as JSON Schema's ``integer`` says
+    (JSON has one number type); everything else reaches the strict check as it came."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
-    priority: int = Field(description="New priority (integer, higher runs first); at most the quota's max_priority.")
+
+class JobPatchBody(StrictBaseModel):
+    """A change to a job; only the priority can change.
+
+    Strict: a JSON integer (50, or 50.0) from -2147483648 to 2147483647, and nothing else: "50",
+    true, 50.5, NaN, 1e400 and null are refused (422) naming priority.
+    """
+
+    model_config = ConfigDict(strict=True)
+
+    priority: Annotated[int, BeforeValidator(_json_integer)] = Field(
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description="New priority (a JSON integer from -2147483648 to 2147483647, higher runs first); at most "
+        "the quota's max_priority.",
+    )
 
 
 class EventResponse(BaseModel):

@@ -8,6 +8,7 @@ calls.
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -55,7 +56,19 @@ if TYPE_CHECKING:
 
 JOB_STATES = tuple(s.value for s in JobState)
 EVENT_KINDS = tuple(k.value for k in EventKind)
+_ANY_STATE = "|".join(JOB_STATES)
+STATES_PATTERN = rf"^ *({_ANY_STATE}) *(, *({_ANY_STATE}) *)*$"
+"""One ``state`` query value: a job state, or several separated by commas."""
 RECENT_PREEMPTIONS = 20
+
+MAX_JOB_ID = 2**31 - 1
+"""The largest job id: the job table's ``id`` column is a 32-bit integer on PostgreSQL and MySQL."""
+JOB_ID_PATTERN = r"^[0-9]{1,10}$"
+"""A job id as the API takes it: ASCII decimal digits only (``str.isdigit`` also accepts "²" and "١"),
+at most as many as :data:`MAX_JOB_ID` has."""
+_JOB_ID = re.compile(JOB_ID_PATTERN)
+MAX_SHOWN = 100
+"""Characters of a caller's value that an error message repeats."""
 
 
 class BadRequest(ValueError):
@@ -68,6 +81,21 @@ class NotFound(LookupError):
 
 class Conflict(ValueError):
     """The job is not in a state that allows the change."""
+
+
+def shown(value: str) -> str:
+    """``repr`` of a caller's string for an error message, cut to :data:`MAX_SHOWN` characters."""
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]}... ({len(value)} characters)"
+
+
+def parse_job_id(text: str) -> int | None:
+    """The job id ``text`` names, or None when it names none: not ASCII decimal digits, or beyond
+    :data:`MAX_JOB_ID` (no row can have it, and the database would refuse to compare it)."""
+    if not _JOB_ID.fullmatch(text):  # fullmatch: "$" alone would let "1\n" through
+        return None
+    job_id = int(text)
+    return job_id if job_id <= MAX_JOB_ID else None
 
 
 def _dt(ts: float | None) -> datetime | None:
@@ -212,10 +240,10 @@ def parse_states(states: Sequence[str] | None) -> list[str] | None:
     """``state`` query values (repeatable, or comma-separated) checked against the job states."""
     if not states:
         return None
-    wanted = [s.strip() for value in states for s in value.split(",") if s.strip()]
+    wanted = [s.strip() for value in states for s in value.split(",")]
     for s in wanted:
         if s not in JOB_STATES:
-            raise BadRequest(f"state: {s!r} is not one of {', '.join(JOB_STATES)}")
+            raise BadRequest(f"state: {shown(s)} is not one of {', '.join(JOB_STATES)}")
     return wanted
 
 
@@ -244,9 +272,10 @@ def jobs(
 
 def get_job(job_id: str, *, session: Session) -> QuotaJob:
     """The job row with this id; :class:`NotFound` naming the id."""
-    job = session.get(QuotaJob, int(job_id)) if job_id.isdigit() else None
+    number = parse_job_id(job_id)
+    job = None if number is None else session.get(QuotaJob, number)
     if job is None:
-        raise NotFound(f"job {job_id!r} does not exist")
+        raise NotFound(f"job {shown(job_id)} does not exist")
     return job
 
 
@@ -286,14 +315,15 @@ def events(
     query = select(QuotaEvent)
     if quota:
         query = query.where(QuotaEvent.quota == quota)
-    if kind:
+    if kind is not None:
         if kind not in EVENT_KINDS:
-            raise BadRequest(f"kind: {kind!r} is not one of {', '.join(EVENT_KINDS)}")
+            raise BadRequest(f"kind: {shown(kind)} is not one of {', '.join(EVENT_KINDS)}")
         query = query.where(QuotaEvent.kind == kind)
     if job_id:
-        if not job_id.isdigit():
-            raise BadRequest(f"job_id: {job_id!r} is not a job id (a positive integer)")
-        query = query.where(QuotaEvent.job_id == int(job_id))
+        number = parse_job_id(job_id)
+        if number is None:
+            raise BadRequest(f"job_id: {shown(job_id)} is not a job id (ASCII digits, at most {MAX_JOB_ID})")
+        query = query.where(QuotaEvent.job_id == number)
     total, rows = _paged(query, (QuotaEvent.id.desc(),), limit=limit, offset=offset, session=session)
     return EventCollectionResponse(events=[_event_response(e) for e in rows], total_entries=total)
 
@@ -379,7 +409,8 @@ def recent_preemptions(*, limit: int = RECENT_PREEMPTIONS, session: Session) -> 
     evs = session.scalars(
         select(QuotaEvent).where(QuotaEvent.kind == EventKind.PREEMPTED.value).order_by(QuotaEvent.id.desc()).limit(limit)
     ).all()
-    ids = {int(x) for e in evs for x in (e.victim, e.preemptor) if x and x.isdigit()}
+    named_ids = (parse_job_id(x) for e in evs for x in (e.victim, e.preemptor) if x)
+    ids = {number for number in named_ids if number is not None}
     named = {str(j.id): j for j in session.scalars(select(QuotaJob).where(QuotaJob.id.in_(ids)))} if ids else {}
     out = []
     for e in evs:

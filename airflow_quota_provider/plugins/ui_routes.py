@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse
 from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.common.router import AirflowRouter
+from airflow.api_fastapi.core_api.openapi.exceptions import create_openapi_http_exception_doc
 from airflow.api_fastapi.core_api.security import requires_access_pool, requires_access_view
 from airflow_quota_provider.plugins import services
 from airflow_quota_provider.plugins.datamodels_ui import DashboardResponse
@@ -19,7 +20,7 @@ from airflow_quota_provider.usage import QuotaFileUnavailable, configured_quota_
 WWW = Path(__file__).parent / "www"
 ASSETS = {"quota.js": "text/javascript", "quota.css": "text/css"}
 
-ui_router = AirflowRouter(tags=["Quota UI"])
+ui_router = AirflowRouter(tags=["Quota UI"], responses=create_openapi_http_exception_doc([401, 403]))
 
 CanView = [Depends(requires_access_view(AccessView.CLUSTER_ACTIVITY)), Depends(requires_access_pool("GET"))]
 
@@ -38,7 +39,7 @@ def asset(name: str) -> FileResponse:
     return FileResponse(WWW / name, media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
 
 
-@ui_router.get("/dashboard", dependencies=CanView)
+@ui_router.get("/dashboard", dependencies=CanView, responses=create_openapi_http_exception_doc([503]))
 def dashboard(session: SessionDep) -> DashboardResponse:
     """Per quota: its bar, its waiting jobs with reason and position; and recent preemptions."""
     from airflow.configuration import conf

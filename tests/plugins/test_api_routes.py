@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import getpass
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -174,7 +178,7 @@ def test_patch_of_a_finished_job_conflicts(server, jobs):
     ("path", "payload", "code"),
     [
         pytest.param("/quota/api/jobs/999999", {"priority": 1}, 404, id="unknown job"),
-        pytest.param("/quota/api/jobs/abc", {"priority": 1}, 404, id="not a job id"),
+        pytest.param("/quota/api/jobs/abc", {"priority": 1}, 422, id="not a job id"),
         pytest.param(None, {"priority": "high"}, 422, id="priority not an integer"),
         pytest.param(None, {"priority": 1, "quota": "team-b"}, 422, id="only priority may change"),
     ],
@@ -215,3 +219,139 @@ def test_an_unusable_quota_file_answers_503_naming_it(server, jobs):
     assert status == 503
     assert body["detail"].startswith(f"{path}: queues[0].capacity")
     assert jobs_status == 200  # job rows are still shown
+
+
+# ---------------------------------------------------------------------------------- hostile input
+
+
+def _raw(server, method: str, path: str, data: bytes | None = None, *, user: str = "op") -> tuple[int, bytes]:
+    """(status, raw body) of a request whose body is sent exactly as given (NaN, 1e400, huge numbers)."""
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {server.token(user)}"}
+    req = urllib.request.Request(server.base + path, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _priorities(server) -> dict[int, int]:
+    return {row["id"]: row["priority"] for row in server.instance.sql("SELECT id, priority FROM quota_job")}
+
+
+@pytest.fixture(scope="module")
+def uncapped_job(server) -> int:
+    """A waiting job of team-b, which has no max_priority: only the API's own bounds apply to it."""
+    return server.seed({"case": "hostile_patch_uncapped", "quota": "team-b", "priority": 20})["hostile_patch_uncapped"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b'{"priority": "50"}', id="a string of digits"),
+        pytest.param(b'{"priority": true}', id="a boolean"),
+        pytest.param(b'{"priority": 50.5}', id="a fraction"),
+        pytest.param(b'{"priority": NaN}', id="NaN"),
+        pytest.param(b'{"priority": Infinity}', id="Infinity"),
+        pytest.param(b'{"priority": 1e400}', id="1e400, beyond a double"),
+        pytest.param(b'{"priority": 9223372036854775808}', id="beyond 64-bit"),
+        pytest.param(b'{"priority": 2147483648}', id="beyond the 32-bit priority range"),
+        pytest.param(b'{"priority": -2147483649}', id="below the 32-bit priority range"),
+        pytest.param(b'{"priority": null}', id="null"),
+    ],
+)
+def test_a_priority_that_is_not_a_bounded_integer_is_refused_naming_the_field(server, uncapped_job, body):
+    before = _priority(server, uncapped_job)
+    status, raw = _raw(server, "PATCH", f"/quota/api/jobs/{uncapped_job}", body)
+    assert status == 422, raw[:500]
+    (error,) = json.loads(raw)["detail"]
+    assert error["loc"] == ["body", "priority"]
+    assert _priority(server, uncapped_job) == before
+
+
+def test_a_priority_at_the_bounds_and_one_written_as_50_0_are_integers(server, uncapped_job):
+    for body, expected in ((b'{"priority": 2147483647}', 2147483647), (b'{"priority": -2147483648}', -2147483648),
+                           (b'{"priority": 50.0}', 50)):
+        status, raw = _raw(server, "PATCH", f"/quota/api/jobs/{uncapped_job}", body)
+        assert status == 200, raw[:500]
+        assert _priority(server, uncapped_job) == expected
+
+
+def test_a_priority_of_5000_digits_is_refused_without_a_server_error(server, uncapped_job):
+    status, raw = _raw(server, "PATCH", f"/quota/api/jobs/{uncapped_job}", b'{"priority": 1' + b"0" * 5000 + b"}")
+    assert status in (400, 422), raw[:500]
+    assert len(raw) < 2000
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param({"priority": "9" * 5_000_000}, id="a 5 MB priority"),
+        pytest.param({"p" * 1_000_000: 1, "priority": 1}, id="a 1 MB field name"),
+    ],
+)
+def test_a_huge_body_is_not_echoed_back(server, uncapped_job, body):
+    status, raw = _raw(server, "PATCH", f"/quota/api/jobs/{uncapped_job}", json.dumps(body).encode())
+    assert status == 422
+    assert len(raw) < 2000, f"{len(raw)} bytes echoed"
+    assert json.loads(raw)["detail"][0]["loc"][0] == "body"
+
+
+@pytest.mark.parametrize(
+    "job_id",
+    [
+        pytest.param("\u00b2", id="superscript two"),
+        pytest.param("\u2460", id="circled one"),
+        pytest.param("\u0661", id="arabic-indic one"),
+        pytest.param("\uff11", id="fullwidth one"),
+        pytest.param("9" * 5000, id="5000 digits"),
+        pytest.param(str(2**63), id="beyond 64-bit"),
+        pytest.param(str(2**31), id="beyond the id column"),
+        pytest.param("-1", id="negative"),
+        pytest.param("+1", id="a plus sign"),
+        pytest.param(" 1", id="a space"),
+        pytest.param("1_0", id="an underscore"),
+        pytest.param("0x1", id="hexadecimal"),
+        pytest.param("1\n", id="a trailing newline"),
+    ],
+)
+def test_a_job_id_that_is_not_ascii_decimal_in_range_names_no_job(server, jobs, job_id):
+    before = _priorities(server)
+    status, raw = _raw(
+        server, "PATCH", f"/quota/api/jobs/{urllib.parse.quote(job_id, safe='')}", b'{"priority": 7}'
+    )
+    assert status in (404, 422), raw[:500]
+    assert len(raw) < 2000
+    assert _priorities(server) == before  # in particular "\u0661" is not job 1
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        pytest.param("job_id=" + urllib.parse.quote("\u00b2"), id="job_id superscript two"),
+        pytest.param("job_id=" + urllib.parse.quote("\u0661"), id="job_id arabic-indic one"),
+        pytest.param("job_id=" + "9" * 5000, id="job_id of 5000 digits"),
+        pytest.param(f"job_id={2**63}", id="job_id beyond 64-bit"),
+        pytest.param(f"offset={2**63}", id="offset beyond 64-bit"),
+        pytest.param(f"offset={10**30}", id="offset of 31 digits"),
+        pytest.param("kind=", id="an empty kind"),
+    ],
+)
+def test_event_filters_out_of_range_are_refused_without_a_server_error(server, jobs, query):
+    status, raw = _raw(server, "GET", f"/quota/api/events?{query}", user="viewer")
+    assert status in (400, 422), raw[:500]
+    assert len(raw) < 2000
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        pytest.param(f"offset={2**63}", id="offset beyond 64-bit"),
+        pytest.param("state=", id="an empty state"),
+        pytest.param("state=" + "x" * 5000, id="a state of 5000 characters"),
+    ],
+)
+def test_job_filters_out_of_range_are_refused_without_a_server_error(server, jobs, query):
+    status, raw = _raw(server, "GET", f"/quota/api/jobs?{query}", user="viewer")
+    assert status in (400, 422), raw[:500]
+    assert len(raw) < 2000
