@@ -11,6 +11,7 @@ import httpx
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_quota_provider.hooks.quota_api import QuotaApiError, QuotaApiHook
+from airflow_quota_provider.policy import Job, Quota, State, rejection_reason
 
 
 class QuotaCapacityError(ValueError):
@@ -21,23 +22,44 @@ def has_capacity(status: dict[str, Any], quota: str, gpus: int) -> tuple[bool, i
     """Whether ``quota`` could start ``gpus`` GPUs now without preemption, and its ``free`` figure
     (``policy.summarize``'s, as ``GET /quota/api/quotas`` reports it).
 
-    Raises :class:`QuotaCapacityError` naming the allowed quotas, or the most GPUs the quota can ever
-    hold, when waiting would never end.
+    Raises :class:`QuotaCapacityError` when waiting would never end: an unknown quota (naming the
+    known ones), or a job the executor would reject, with the executor's own reason
+    (:func:`~airflow_quota_provider.policy.rejection_reason` over the quota's job queue as the API
+    describes it, so other quotas' reserved capacity counts as it does in the executor).
     """
     quotas = {q["name"]: q for q in status["quotas"]}
     if quota not in quotas:
         raise QuotaCapacityError(f"quota: {quota!r} is not one of {', '.join(quotas) or '(no quotas)'}")
-    q = quotas[quota]
-    queue = next((x for x in status["queues"] if x["name"] == q["queue"]), None)
-    most = q["capacity"] if q["sharing"] != "lend_and_borrow" else (queue or {}).get("capacity", gpus)
-    if q["sharing"] == "lend_and_borrow" and q["borrow_limit"] is not None:
-        most = min(most, q["capacity"] + q["borrow_limit"])
-    if gpus > most:
-        raise QuotaCapacityError(
-            f"gpus: {gpus} is more than quota {quota} can ever hold ({most}: capacity {q['capacity']}, "
-            f"sharing {q['sharing']}, borrow_limit {q['borrow_limit']})"
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise QuotaCapacityError(f"gpus: {gpus!r} is not a positive integer")
+    state = queue_state(status, quotas[quota]["queue"])
+    policy_quota = next(q for q in state.quotas if q.name == quota)
+    # The sensor asks about size only: a job at the highest priority the quota allows.
+    job = Job(id="capacity-check", quota=quota, gpus=gpus, priority=policy_quota.max_priority or 0, submitted_at=0.0)
+    reason = rejection_reason(job, policy_quota, state)
+    if reason is not None:
+        raise QuotaCapacityError(f"gpus: {gpus} would never be admitted: {reason}")
+    free = quotas[quota]["free"]
+    return free >= gpus, free
+
+
+def queue_state(status: dict[str, Any], queue: str) -> State:
+    """Job queue ``queue`` as the policy core sees it, from the API's ``queues`` and ``quotas``: its
+    capacity and its quotas' rules (no jobs; the figures that depend on jobs come from the API)."""
+    (described,) = [q for q in status["queues"] if q["name"] == queue]
+    by_name = {q["name"]: q for q in status["quotas"]}
+    quotas = tuple(
+        Quota(
+            name=name,
+            capacity=by_name[name]["capacity"],
+            sharing=by_name[name]["sharing"],
+            borrow_limit=by_name[name]["borrow_limit"],
+            lend_limit=by_name[name]["lend_limit"],
+            max_priority=by_name[name]["max_priority"],
         )
-    return q["free"] >= gpus, q["free"]
+        for name in described["quotas"]
+    )
+    return State(capacity=described["capacity"], quotas=quotas, running=(), pending=())
 
 
 class QuotaCapacityTrigger(BaseTrigger):

@@ -13,6 +13,7 @@ from airflow.providers.common.compat.sdk import AirflowException, TaskDeferred
 from airflow_quota_provider.sensors.quota_capacity import QuotaCapacitySensor
 from airflow_quota_provider.triggers.quota_capacity import QuotaCapacityTrigger
 from tests.quota_api_support import PASSWORDS, PORT, first_event_after
+from tests.triggers.quota_files import RESERVED_NEIGHBOUR, executor_rejection, with_queue
 
 
 @pytest.fixture(autouse=True)
@@ -39,10 +40,12 @@ def test_poke_is_false_while_the_quota_is_full_and_true_once_a_job_finishes(quot
         pytest.param("team-x", 1, "quota_api_default", "quota: 'team-x' is not one of team-a, team-b, team-lab",
                      id="unknown quota"),
         pytest.param("team-lab", 3, "quota_api_default",
-                     "gpus: 3 is more than quota team-lab can ever hold (2: capacity 2, sharing reserve, borrow_limit None)",
+                     "gpus: 3 would never be admitted: asks for 3 GPUs; quota team-lab can never hold more than 2 "
+                     "(capacity 2, sharing reserve, job queue capacity 2)",
                      id="more than a reserve quota ever holds"),
         pytest.param("team-b", 9, "quota_api_default",
-                     "gpus: 9 is more than quota team-b can ever hold (8: capacity 4, sharing lend_and_borrow, borrow_limit 4)",
+                     "gpus: 9 would never be admitted: asks for 9 GPUs; quota team-b can never hold more than 8 "
+                     "(capacity 4, sharing lend_and_borrow, borrow_limit 4, job queue capacity 8)",
                      id="more than a borrower ever holds"),
         pytest.param("team-lab", 1, "quota_api_wrong_password", "401", id="credentials refused"),
     ],
@@ -52,6 +55,14 @@ def test_poke_fails_when_the_wait_could_never_end(quota_api, quota, gpus, conn_i
     with pytest.raises(AirflowException, match="QuotaCapacitySensor: ") as err:
         sensor.poke({})
     assert message in str(err.value)
+
+
+def test_poke_fails_fast_with_the_executors_reason_when_others_reserve_the_capacity(quota_api):
+    sensor = QuotaCapacitySensor(task_id="never_lent", quota="lender", gpus=6)
+    with with_queue(quota_api, RESERVED_NEIGHBOUR), pytest.raises(AirflowException) as err:
+        sensor.poke({})
+    reason = executor_rejection(RESERVED_NEIGHBOUR, "lender", 6)
+    assert str(err.value) == f"QuotaCapacitySensor: gpus: 6 would never be admitted: {reason}"
 
 
 def test_deferrable_sensor_returns_at_once_when_the_quota_has_room(quota_api):
