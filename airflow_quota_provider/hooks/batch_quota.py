@@ -24,6 +24,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from botocore.config import Config
+
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
 from airflow_quota_provider.policy import PolicyError
@@ -40,6 +42,13 @@ TASK_INSTANCE_TAG = "airflow-quota-provider:task-instance"
 _STRATEGY = {"reserve": "RESERVE", "lend": "LEND", "lend_and_borrow": "LEND_AND_BORROW"}
 _IN_SHARE_PREEMPTION = {"never": "DISABLED", "lower_priority": "ENABLED"}
 UNLIMITED_BORROW = -1
+
+DEFAULT_RETRIES = {"mode": "standard", "max_attempts": 10}
+"""How the hook's client retries unless the hook's ``config`` or the connection's ``config_kwargs``
+set ``retries``: botocore's standard mode (exponential backoff with jitter, up to 20 s apart, for
+throttling and transient errors) with 10 retries, as the Amazon provider's connection form suggests:
+about a minute of throttling is waited out. botocore's default (3 attempts, about 1.5 s in all)
+gives up on a throttled AWS Batch at once."""
 
 # Quota-file fields that only the local executor uses; a non-default value is reported in the plan.
 _LOCAL_ONLY = {
@@ -302,7 +311,9 @@ class BatchQuotaShareHook(AwsBaseHook):
     :param region_name: AWS region; the connection's or boto3's default when unset.
 
     Additional arguments (``verify``, ``config``) are passed down to
-    :class:`~airflow.providers.amazon.aws.hooks.base_aws.AwsBaseHook`.
+    :class:`~airflow.providers.amazon.aws.hooks.base_aws.AwsBaseHook`. Throttled and transient
+    errors are retried as :data:`DEFAULT_RETRIES` says, unless ``config`` or the connection's extra
+    ``config_kwargs`` set ``retries`` (e.g. ``{"retries": {"mode": "adaptive", "max_attempts": 20}}``).
 
     The waiters in ``airflow_quota_provider/waiters/batch.json`` (``service_job_complete``,
     ``quota_share_settled``) are this hook's own. Deferred waits use aiobotocore when it is installed
@@ -315,10 +326,22 @@ class BatchQuotaShareHook(AwsBaseHook):
     INTERMEDIATE_STATES = ("SUBMITTED", "PENDING", "RUNNABLE", "SCHEDULED", "STARTING", "RUNNING")
     SERVICE_JOB_TYPE = "SAGEMAKER_TRAINING"
     MIN_PRIORITY, MAX_PRIORITY = 0, 9999
+    CLIENT_ERROR_CODE = "ClientException"
+    """The error code of every request AWS Batch refuses as the caller's fault, a repeated
+    ``clientToken`` included (the only client error the Batch model declares)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["client_type"] = "batch"
         super().__init__(*args, **kwargs)
+
+    @property
+    def config(self) -> Config:
+        """The client's botocore config: the hook's or the connection's, with :data:`DEFAULT_RETRIES`
+        where neither sets ``retries``."""
+        config = super().config
+        if config.retries is None:
+            config = config.merge(Config(retries=dict(DEFAULT_RETRIES)))
+        return config
 
     @cached_property
     def waiter_path(self) -> Path:

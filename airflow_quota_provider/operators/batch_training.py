@@ -191,7 +191,7 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
             if replaces:
                 self.log.info("The earlier try's service job %s FAILED (%s); submitting a new one.",
                               replaces, earlier.get("statusReason"))
-            self.job_id = self._submit(job_name, key, client_token(key, replaces))
+            self.job_id = self._submit(job_name, key, client_token(key, replaces), replaces)
         ti.xcom_push(key=XCOM_JOB_ID, value=self.job_id)
 
         description = self.hook.describe_service_job(self.job_id)
@@ -214,7 +214,7 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
             )
         return self._wait(context)
 
-    def _submit(self, job_name: str, key: str, token: str) -> str:
+    def _submit(self, job_name: str, key: str, token: str, replaces: str | None) -> str:
         tags = {**(self.tags or {}), TASK_INSTANCE_TAG: key}
         try:
             response = self.hook.submit_service_job(
@@ -231,12 +231,14 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
                 client_token=token,
             )
         except ClientError as error:
-            # The same clientToken was already accepted (a try that died between submit and here):
-            # AWS rejects the repeat, so attach to the job that request created.
-            if "clientToken" not in str(error):
+            # The same clientToken may have been accepted already (a try that died between submit and
+            # here): AWS rejects the repeat as a ClientException, whatever its message says. A job of
+            # this task instance that the token created (not the FAILED one it replaces) shows it was
+            # one; anything else (throttling past the retries, no access, another refusal) is raised.
+            if error.response.get("Error", {}).get("Code") != BatchQuotaShareHook.CLIENT_ERROR_CODE:
                 raise
             earlier = self.hook.find_service_job(self.job_queue, job_name, key)
-            if earlier is None:
+            if earlier is None or earlier["jobId"] == replaces:
                 raise
             self.log.info("Service job %s already submitted with this clientToken: %s", job_name, earlier["jobId"])
             return earlier["jobId"]

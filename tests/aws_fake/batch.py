@@ -5,7 +5,8 @@ serializer, parser, paginators and waiters run. Only the operations this provide
 Shapes follow the botocore ``batch`` 2016-08-10 model; rules that the model does not carry follow
 the AWS documentation (20 quota shares per job queue, a share must be DISABLED before it is
 deleted, a DISABLED share accepts no new jobs, a preempted job goes back to RUNNABLE and fails
-once ``preemptionRetriesBeforeTermination`` is exhausted).
+once ``preemptionRetriesBeforeTermination`` is exhausted, a repeated ``clientToken`` is refused).
+:meth:`FakeBatch.throttle` answers the next calls of an operation with AWS's throttling errors.
 
 Scheduling is not simulated: a test moves jobs itself, either directly (:meth:`FakeBatch.start`,
 :meth:`FakeBatch.preempt`, :meth:`FakeBatch.succeed`, ...) or with a *script* of steps that
@@ -38,6 +39,20 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 class FakeClientError(Exception):
     """Answered as HTTP 400 ``ClientException`` (the only client error the Batch model declares)."""
+
+
+THROTTLING_STATUS = {"ThrottlingException": 400, "TooManyRequestsException": 429}
+"""AWS's throttling answers: the common ``ThrottlingException`` (HTTP 400, "Rate exceeded") and the
+``TooManyRequestsException`` of HTTP 429. Neither is in the Batch model; botocore's retry handlers
+recognise both by their code (and any 429 by its status)."""
+
+
+class FakeThrottled(Exception):
+    """Answered as the throttling error ``code`` with its HTTP status."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__("Rate exceeded")
+        self.code = code
 
 
 @dataclass
@@ -211,6 +226,9 @@ class FakeBatch:
         self.calls: list[tuple[str, dict[str, Any]]] = []  # every API call, for assertions
         self.default_script: list[Any] = []
         self.fail_next: dict[str, str] = {}  # operation -> message, answered once as ClientException
+        self.throttled: dict[str, list[str]] = {}  # operation -> throttling codes, answered one per call
+        # The ClientException message for a repeated clientToken (AWS documents the refusal, not its text).
+        self.repeated_token_message = "A request with clientToken {token} was already received (job {job_id})"
         self.slow_settle = False  # True: a created/updated share is described once as CREATING/UPDATING
         self.list_lag: dict[str, int] = {}  # jobId -> ListServiceJobs calls that do not show it yet
 
@@ -231,6 +249,14 @@ class FakeBatch:
 
     def calls_of(self, operation: str) -> list[dict[str, Any]]:
         return [body for op, body in self.calls if op == operation]
+
+    def throttle(self, operation: str, times: int, code: str = "ThrottlingException") -> None:
+        """Answer the next ``times`` calls of ``operation`` with throttling error ``code`` (see
+        :data:`THROTTLING_STATUS`), as AWS does when an account's request rate is exceeded."""
+        if code not in THROTTLING_STATUS:
+            raise ValueError(f"code: {code!r} is not one of {', '.join(THROTTLING_STATUS)}")
+        with self._lock:
+            self.throttled.setdefault(operation, []).extend([code] * times)
 
     def set_script(self, job_id: str, steps: Iterable[Any]) -> None:
         """Steps played one per DescribeServiceJob: a status, ``"PREEMPT"``, or ``("FAILED", reason)``."""
@@ -326,6 +352,8 @@ class FakeBatch:
     def handle(self, operation: str, body: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             self.calls.append((operation, body))
+            if self.throttled.get(operation):
+                raise FakeThrottled(self.throttled[operation].pop(0))
             if operation in self.fail_next:
                 raise FakeClientError(self.fail_next.pop(operation))
             method = getattr(self, f"op_{operation}", None)
@@ -478,9 +506,7 @@ class FakeBatch:
             raise FakeClientError("retryStrategy.attempts must be between 1 and 10")
         token = body.get("clientToken")
         if token is not None and token in self._client_tokens:
-            raise FakeClientError(
-                f"A request with clientToken {token} was already received (job {self._client_tokens[token]})"
-            )
+            raise FakeClientError(self.repeated_token_message.format(token=token, job_id=self._client_tokens[token]))
         job = ServiceJob(
             job_id=_job_id(next(self._ids)),
             name=body["jobName"],
@@ -601,7 +627,7 @@ def _name_matches(name: str, pattern: str) -> bool:
     return name.lower() == pattern.lower()
 
 
-_TEST_HOOKS = ("make_runnable", "start", "preempt", "succeed", "fail", "set_script", "add_job_queue")
+_TEST_HOOKS = ("make_runnable", "start", "preempt", "succeed", "fail", "set_script", "add_job_queue", "throttle")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -631,6 +657,8 @@ class _Handler(BaseHTTPRequestHandler):
             if operation is None:
                 raise FakeClientError(f"Unknown path {path}")
             self._send(200, self.server.batch.handle(operation, body))
+        except FakeThrottled as error:
+            self._send(THROTTLING_STATUS[error.code], {"message": str(error)}, error.code)
         except FakeClientError as error:
             self._send(400, {"message": str(error)}, "ClientException")
         except Exception as error:  # a bug in the fake: answer like the service would, keep serving

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import boto3
 import pytest
+from botocore.config import Config
 
 from tests.aws_fake.fixtures import JOB_QUEUE, aws_fake  # noqa: F401  (fixture)
 
@@ -418,3 +420,46 @@ def test_the_fakes_test_hooks_are_reachable_over_http(applied, aws_fake):  # noq
     described = applied.describe_service_job(job_id)
     assert (described["status"], described["statusReason"]) == ("RUNNABLE", "make room")
     assert described["preemptionSummary"]["preemptedAttemptCount"] == 1
+
+
+# ------------------------------------------------------------------ throttling
+
+
+@pytest.mark.parametrize("code", ["ThrottlingException", "TooManyRequestsException"])
+def test_a_throttled_call_is_retried_with_backoff_until_aws_answers(applied, aws_fake, code):  # noqa: F811
+    job_id = submit(applied)
+    aws_fake.throttle("DescribeServiceJob", 3, code)  # one more than botocore's default attempts
+
+    assert applied.describe_service_job(job_id)["jobId"] == job_id
+    assert len(aws_fake.calls_of("DescribeServiceJob")) == 4
+
+
+def test_the_fake_throttles_with_the_codes_and_statuses_of_aws(applied, aws_fake):  # noqa: F811
+    from botocore.exceptions import ClientError
+
+    plain = boto3.client(
+        "batch", endpoint_url=aws_fake.endpoint_url, region_name="us-east-1",
+        aws_access_key_id="a", aws_secret_access_key="b", config=Config(retries={"total_max_attempts": 1}),
+    )
+    for code, status in (("ThrottlingException", 400), ("TooManyRequestsException", 429)):
+        aws_fake.throttle("DescribeJobQueues", 1, code)
+        with pytest.raises(ClientError) as error:
+            plain.describe_job_queues()
+        assert error.value.response["Error"]["Code"] == code
+        assert error.value.response["ResponseMetadata"]["HTTPStatusCode"] == status
+    assert plain.describe_job_queues()["jobQueues"]
+
+
+def test_the_hook_retries_in_standard_mode_unless_the_connection_says_otherwise(aws_fake, monkeypatch):  # noqa: F811
+    from botocore.exceptions import ClientError
+
+    assert BatchQuotaShareHook().conn.meta.config.retries == {"mode": "standard", "total_max_attempts": 11}
+
+    conn = json.loads(os.environ["AIRFLOW_CONN_AWS_DEFAULT"])
+    conn["extra"]["config_kwargs"] = {"retries": {"mode": "standard", "total_max_attempts": 2}}
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_STRICT", json.dumps(conn))
+    hook = BatchQuotaShareHook(aws_conn_id="aws_strict")
+    aws_fake.throttle("DescribeJobQueues", 3)
+    with pytest.raises(ClientError, match="ThrottlingException"):
+        hook.describe_job_queue(JOB_QUEUE)
+    assert len(aws_fake.calls_of("DescribeJobQueues")) == 2

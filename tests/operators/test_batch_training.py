@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
+from botocore.exceptions import ClientError
 
 from tests.aws_fake.fixtures import JOB_QUEUE, aws_fake  # noqa: F401  (fixture)
 
@@ -306,3 +307,40 @@ def test_update_priority_operator(queue):
     assert queue.jobs[job_id].priority == 20
     with pytest.raises(ValueError, match="give one of priority or scheduling_priority"):
         UpdateServiceJobPriorityOperator(task_id="bump", job_id=job_id)
+
+
+@pytest.mark.parametrize("code", ["ThrottlingException", "TooManyRequestsException"])
+def test_a_throttled_synchronous_wait_backs_off_and_carries_on(queue, code):
+    queue.default_script = ["RUNNABLE", "RUNNING", "SUCCEEDED"]
+    queue.throttle("DescribeServiceJob", 3, code)  # more than botocore's default 3 attempts
+
+    ti = RecordingTI()
+    job_id = operator().execute({"ti": ti})
+
+    assert only_job(queue).status == "SUCCEEDED" and ti.xcom[XCOM_JOB_ID] == job_id
+    assert not queue.throttled["DescribeServiceJob"]  # all three were answered, and retried
+
+
+def test_a_repeated_client_token_is_recognised_by_its_error_code_not_its_text(queue):
+    queue.repeated_token_message = "Duplicate request rejected"
+    queue.fail_next["DescribeServiceJob"] = "Rate exceeded for this account"
+    with pytest.raises(Exception, match="Rate exceeded"):
+        operator().execute({"ti": RecordingTI(try_number=1)})
+    job = only_job(queue)
+    job.script = ["RUNNING", "SUCCEEDED"]
+    queue.list_lag[job.job_id] = 1  # the retry's look-up does not list the job yet
+
+    assert operator().execute({"ti": RecordingTI(try_number=2)}) == job.job_id
+    assert len(queue.calls_of("SubmitServiceJob")) == 2 and len(queue.jobs) == 1
+
+
+def test_another_refusal_of_a_resubmission_is_raised_not_taken_for_the_failed_job(queue):
+    queue.default_script = ["RUNNING", ("FAILED", "AlgorithmError: bad input")]
+    with pytest.raises(AirflowException, match="bad input"):
+        operator().execute({"ti": RecordingTI(try_number=1)})
+    (share,) = [s for s in queue.shares.values() if s.name == "team-a"]
+    share.state = "DISABLED"
+
+    with pytest.raises(ClientError, match="DISABLED and accepts no new jobs"):
+        operator().execute({"ti": RecordingTI(try_number=2)})
+    assert len(queue.calls_of("SubmitServiceJob")) == 2 and len(queue.jobs) == 1
