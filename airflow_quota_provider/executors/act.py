@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from sqlalchemy import update
+from sqlalchemy import Integer, Text, column, update, values
 
 from airflow.executors import workloads
 from airflow.utils.state import TaskInstanceState
@@ -15,7 +15,6 @@ from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.job import EventKind, QuotaJob, allocated_devices, devices_of, preemption_count, record_event
 
 if TYPE_CHECKING:
-    from sqlalchemy import Row
     from sqlalchemy.orm import Session
 
     from airflow_quota_provider.executors.launcher import HostDevices
@@ -27,9 +26,8 @@ if TYPE_CHECKING:
 class Act:
     """Mixed into :class:`QuotaExecutor`."""
 
-    def _act(self: QuotaExecutor, cycle: QueueCycle, rows: dict[str, Row], now: float, session: Session) -> bool:
-        """Apply the decision; ``rows`` are the cycle's job rows by id (ORM objects are loaded only
-        for the jobs that change state)."""
+    def _act(self: QuotaExecutor, cycle: QueueCycle, now: float, session: Session) -> bool:
+        """Apply the decision (ORM objects are loaded only for the jobs that change state)."""
         decision = cycle.decision
         changed = False
         for rejection in decision.reject:
@@ -45,13 +43,16 @@ class Act:
         for job_id in decision.admit:
             host = self._host_for(cycle, decision, job_id)
             changed |= self._admit(_load(session, job_id), cycle, host, held, in_use, now, session)
-        reasons = [
-            {"id": int(p.id), "pending_reason": p.reason, "pending_position": p.position}
-            for p in decision.pending
-            if (rows[p.id].pending_reason, rows[p.id].pending_position) != (p.reason, p.position)
-        ]
+        # Only what changed since this executor last wrote it: a job not waiting in the last cycle
+        # (new, requeued, its launch undone) is written whatever its row says.
+        written, reasons = self._reasons, []
+        for p in decision.pending:
+            said = (p.reason, p.position)
+            if written.get(p.id) != said:
+                reasons.append({"id": int(p.id), "pending_reason": p.reason, "pending_position": p.position})
+            self._reasons_next[p.id] = said
         if reasons:
-            session.execute(update(QuotaJob), reasons)  # one executemany by primary key
+            _write_reasons(reasons, session)
         return changed or bool(reasons)
 
     def _host_for(self: QuotaExecutor, cycle: QueueCycle, decision: Decision, job_id: str) -> HostDevices | None:
@@ -159,3 +160,23 @@ class Act:
 
 def _load(session: Session, job_id: str) -> QuotaJob:
     return session.get(QuotaJob, int(job_id))
+
+
+def _write_reasons(rows: list[dict], session: Session) -> None:
+    """Pending reasons and positions by job id. When one job of a quota starts, every job behind it
+    moves up a place: on PostgreSQL that is one UPDATE ... FROM (VALUES ...) per thousand jobs, not a
+    statement per job."""
+    if session.get_bind().dialect.name != "postgresql":
+        session.execute(update(QuotaJob), rows)  # an executemany by primary key
+        return
+    for start in range(0, len(rows), 1000):
+        chunk = rows[start : start + 1000]
+        given = values(
+            column("id", Integer), column("reason", Text), column("position", Integer), name="given"
+        ).data([(r["id"], r["pending_reason"], r["pending_position"]) for r in chunk])
+        session.execute(
+            update(QuotaJob)
+            .where(QuotaJob.id == given.c.id)
+            .values(pending_reason=given.c.reason, pending_position=given.c.position)
+            .execution_options(synchronize_session=False)
+        )

@@ -78,6 +78,10 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         self._fleet_problem = ""
         self._dirty = True
         self._to_launch: list[QuotaJob] = []
+        self._reasons: dict[str, tuple[str, int]] = {}
+        """Job id -> (pending reason, position) as this executor last wrote them, for the jobs waiting
+        in the last cycle (a restarted executor writes every one once)."""
+        self._reasons_next: dict[str, tuple[str, int]] = {}
         self._policy_jobs: dict[tuple, Job] = {}
         """(job row, preemptions) -> the policy's job, from the last cycle."""
         self._states: dict[str, State] = {}
@@ -245,7 +249,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
                     )
                 self._keep_queued_alive(session)
         except Exception:
-            self._to_launch = []
+            self._to_launch, self._reasons = [], {}  # rolled back: nothing of this cycle was written
             self.log.exception("QuotaExecutor cycle failed; it is retried on the next heartbeat")
 
     # ----------------------------------------------------------------------------------- helpers

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Row, and_, select
+from sqlalchemy import Row, and_, select, update
 
 from airflow_quota_provider.executors.launcher import HostDevices
 from airflow_quota_provider.models.job import JobState, QuotaJob, QuotaPreemptionCount, active_job_rows, policy_job
@@ -49,12 +49,12 @@ class Schedule:
             return False
         now = time.time()
         cycles, changed = self._queue_states(jobs, session)
-        by_id = {str(j.id): j for j in jobs}
-        self._states = {}
+        self._states, self._reasons_next = {}, {}
         for cycle in cycles:
             state = self._states[cycle.queue.name] = self._policy_state(cycle)
             cycle.decision = decide(state, now)
-            changed |= self._act(cycle, by_id, now, session)
+            changed |= self._act(cycle, now, session)
+        self._reasons = self._reasons_next
         return self._launch_admitted(session) or changed
 
     def _queue_states(self: QuotaExecutor, jobs: Sequence[Row], session: Session) -> tuple[list[QueueCycle], bool]:
@@ -65,6 +65,7 @@ class Schedule:
         changed = False
         queue_of = {q.name: queue for queue in self.quota_file.queues for q in queue.quotas}
         known, seen = self._policy_jobs, {}
+        moved: dict[str, list[int]] = {}
         for job in jobs:
             if job.state == _PENDING and not job.queued:
                 continue  # revoked or not yet queued again: keeps its place, invisible until then
@@ -76,7 +77,7 @@ class Schedule:
                     changed = True
                 continue
             if job.queue_name != queue.name:
-                session.get(QuotaJob, job.id).queue_name = queue.name
+                moved.setdefault(queue.name, []).append(job.id)
             cycle = cycles.get(queue.name)
             if cycle is None:
                 cycle = cycles[queue.name] = QueueCycle(queue, [h for h in hosts if h.queue == queue.name])
@@ -86,6 +87,10 @@ class Schedule:
             seen[(job, preemptions)] = pj
             (cycle.pending if job.state == _PENDING else cycle.running).append(pj)
         self._policy_jobs = seen
+        for name, ids in moved.items():  # new jobs, or a quota moved to another queue by an edit
+            session.execute(
+                update(QuotaJob).where(QuotaJob.id.in_(ids)).values(queue_name=name).execution_options(synchronize_session=False)
+            )
         ordered = [cycles[q.name] for q in self.quota_file.queues if q.name in cycles]
         return ordered, changed
 

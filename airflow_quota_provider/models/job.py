@@ -246,8 +246,6 @@ ACTIVE_COLUMNS = (
     QuotaJob.max_preemptions,
     QuotaJob.preempted_for,
     QuotaJob.host,
-    QuotaJob.pending_reason,
-    QuotaJob.pending_position,
     QuotaJob.workload.is_not(None).label("queued"),
 )
 """What a scheduling cycle and the usage figures read of each job."""
