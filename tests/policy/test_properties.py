@@ -68,6 +68,21 @@ def quotas(draw) -> tuple[Quota, ...]:
 
 
 @st.composite
+def pending_jobs(draw, quota_names: list[str], *, max_gpus: int) -> list[Job]:
+    """Up to 8 waiting jobs ``p0, p1, ...`` of the given quotas, 1 to ``max_gpus`` GPUs each."""
+    return [
+        Job(
+            id=f"p{index}",
+            quota=draw(st.sampled_from(quota_names)),
+            gpus=draw(st.integers(1, max_gpus)),
+            priority=draw(st.integers(0, 5)),
+            submitted_at=float(draw(st.integers(0, 100))),
+        )
+        for index in range(draw(st.integers(0, 8)))
+    ]
+
+
+@st.composite
 def states(draw, *, protections: bool = True, stopping: bool = True) -> State:
     quota_list = draw(quotas())
     if not protections:
@@ -103,16 +118,7 @@ def states(draw, *, protections: bool = True, stopping: bool = True) -> State:
                 preempted_for=(f"p{draw(st.integers(0, 7))}" if is_stopping else None),
             )
         )
-    pending = [
-        Job(
-            id=f"p{index}",
-            quota=draw(st.sampled_from(sorted(by_name))),
-            gpus=draw(st.integers(1, 5)),
-            priority=draw(st.integers(0, 5)),
-            submitted_at=float(draw(st.integers(0, 100))),
-        )
-        for index in range(draw(st.integers(0, 8)))
-    ]
+    pending = draw(pending_jobs(sorted(by_name), max_gpus=5))
     return State(capacity, quota_list, tuple(running), tuple(pending))
 
 
@@ -261,16 +267,7 @@ def host_states(draw) -> State:
                 host=host.name,
             )
         )
-    pending = [
-        Job(
-            id=f"p{index}",
-            quota=draw(st.sampled_from(sorted(by_name))),
-            gpus=draw(st.integers(1, 9)),
-            priority=draw(st.integers(0, 5)),
-            submitted_at=float(draw(st.integers(0, 100))),
-        )
-        for index in range(draw(st.integers(0, 8)))
-    ]
+    pending = draw(pending_jobs(sorted(by_name), max_gpus=9))
     return State(capacity, quota_list, tuple(running), tuple(pending), hosts)
 
 
