@@ -64,6 +64,9 @@ def read_quota_file(path: str) -> QuotaFile:
         raise QuotaConfigError(f"{path}: {e}") from None
     except OSError as e:
         raise QuotaConfigError(f"[quota] quota_file: cannot read {path}: {e.strerror}") from None
+    except Exception as e:  # a reader bug must not stop the scheduler's cycle: the edit is refused
+        log.exception("Unexpected error reading the quota file %s", path)
+        raise QuotaConfigError(f"{path}: cannot be read as a quota file ({type(e).__name__})") from None
 
 
 def split_devices(quota_file: QuotaFile, devices: Sequence[str], path: str = "") -> dict[str, list[str]]:

@@ -14,19 +14,13 @@ import sys
 
 from airflow_quota_provider.policy.config import MAX_QUOTAS_PER_QUEUE, load_quota_file
 from airflow_quota_provider.policy.cycle import decide
+from airflow_quota_provider.policy.documents import DECISION_FILE_LIMITS, load_json
 from airflow_quota_provider.policy.errors import PolicyError
 from airflow_quota_provider.policy.state import parse_state
 
 
 def _read_json(source: str):
-    try:
-        text = sys.stdin.read() if source == "-" else open(source).read()
-    except OSError as error:
-        raise PolicyError(source, f"cannot read the decision file: {error.strerror}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise PolicyError(source, f"not valid JSON: {error}") from None
+    return load_json(sys.stdin.buffer if source == "-" else source, DECISION_FILE_LIMITS, what="decision file")
 
 
 def _decide(args: argparse.Namespace) -> None:

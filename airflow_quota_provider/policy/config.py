@@ -13,9 +13,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from airflow_quota_provider.policy.errors import PolicyError
+from airflow_quota_provider.policy.documents import QUOTA_FILE_LIMITS, load_yaml
+from airflow_quota_provider.policy.errors import PolicyError, shorten
 from airflow_quota_provider.policy.fields import Fields
 
 SHARING = ("reserve", "lend", "lend_and_borrow")
@@ -25,7 +24,8 @@ ON_PREEMPTION_LIMIT = ("fail", "protect")
 MAX_QUOTAS_PER_QUEUE = 20  # AWS Batch's documented limit; a setting, not a design bound.
 
 # A quota's name is also its Airflow pool name and its AWS quotaShareName: keep it valid for both.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+# \Z, not $: "$" also matches before a final newline, and "team-x\n" is no pool name.
+_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,127}\Z")
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def parse_name(fields: Fields, key: str = "name") -> str:
     if not _NAME.match(name):
         raise PolicyError(
             fields.child(key),
-            f"{name!r} is not a valid name (letters, digits, '-' and '_', starting with a letter or digit, at most 128)",
+            f"{shorten(name)} is not a valid name (letters, digits, '-' and '_', starting with a letter or digit, at most 128)",
         )
     return name
 
@@ -192,7 +192,7 @@ def parse_quota(data: Any, path: str) -> Quota:
 
 def _parse_team(item: Any, path: str) -> str:
     if not isinstance(item, str) or not item:
-        raise PolicyError(path, f"expected a team name, got {item!r}")
+        raise PolicyError(path, f"expected a team name, got {shorten(item)}")
     return item
 
 
@@ -247,15 +247,9 @@ def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QU
 
 
 def load_quota_file(path: str | Path, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) -> QuotaFile:
-    """Read and validate a YAML quota file. Unreadable or malformed YAML is a :class:`PolicyError` too."""
-    try:
-        text = Path(path).read_text()
-    except OSError as error:
-        raise PolicyError(str(path), f"cannot read the quota file: {error.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise PolicyError(str(path), f"not valid YAML: {error}") from None
+    """Read and validate a YAML quota file. Unreadable, oversized or malformed YAML is a
+    :class:`PolicyError` too (the bounds: :mod:`~airflow_quota_provider.policy.documents`)."""
+    data = load_yaml(path, QUOTA_FILE_LIMITS, what="quota file")
     return parse_quota_file(data, max_quotas_per_queue=max_quotas_per_queue)
 
 

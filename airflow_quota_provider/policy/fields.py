@@ -11,13 +11,21 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from airflow_quota_provider.policy.errors import PolicyError
+from airflow_quota_provider.policy.errors import PolicyError, shorten
 
 _MISSING = object()
+INT_LIMIT = 2**63
+"""Integers are within 64 bits (a capacity or a priority of more is a mistake, and the executor's
+tables could not hold it)."""
 
 
 def _describe(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else f"{value!r} ({type(value).__name__})"
+    """The value as a message may quote it: a short ``repr``, never the whole of a large value."""
+    if isinstance(value, str):
+        return shorten(value)
+    if type(value).__name__ == "OversizeInt":  # from policy.documents: an integer of thousands of digits
+        return repr(value)
+    return f"{shorten(value)} ({type(value).__name__})"
 
 
 class Fields:
@@ -67,6 +75,8 @@ class Fields:
                 value = int(value)
             else:
                 raise PolicyError(self.child(key), f"expected an integer, got {_describe(value)}")
+        if not -INT_LIMIT <= value < INT_LIMIT:
+            raise PolicyError(self.child(key), f"{_describe(value)} is beyond the 64-bit integer range")
         if minimum is not None and value < minimum:
             raise PolicyError(self.child(key), f"{value} is below the minimum {minimum}")
         return value
