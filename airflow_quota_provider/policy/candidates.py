@@ -134,7 +134,9 @@ class Candidates:
         """
         policy = quota.preemption
         ceiling, reason = _other_quotas_rule(policy, preemptor, borrow=borrow)
-        if ceiling != NOBODY:
+        if ceiling != NOBODY and usage.tree is not None:
+            yield from self._across_tree(preemptor, quota, usage, ceiling, reason, borrow=borrow)
+        elif ceiling != NOBODY:
             # A k-way merge of the borrowing quotas' lists that drops a quota as soon as it stops
             # borrowing (heapq.merge would walk through all of its remaining entries).
             heap = []
@@ -169,6 +171,62 @@ class Candidates:
                 continue
             yield candidate, WITHIN_QUOTA
 
+    def _tree_ranks(
+        self, preemptor: Job, quota: Quota, usage: Usage, *, borrow: bool
+    ) -> dict[str, tuple[tuple, tuple[int, ...]]]:
+        """With cohorts: the other quotas whose jobs may be candidates, each with its rank and the
+        cohorts between it and the preemptor's lowest common cohort (:meth:`CohortTree.relation`).
+
+        A quota qualifies while it and every cohort between it and that common cohort run above their
+        share (subtrees within their share are pruned). Its rank: the common cohort's depth (the
+        farthest away first), then the subtree below it that borrows most, then that subtree's name.
+        Reclaim (phase 1) also needs the preemptor's side of the common cohort to be able to end
+        within its share, with the preemptor's own allowed victims gone.
+        """
+        tree = usage.tree
+        ends_within = None if borrow else usage.ends_within(quota.name, preemptor.gpus - self.own_at_most(preemptor, quota))
+        ranks = {}
+        for name in self._quotas:
+            if name == quota.name or not usage.is_borrowing(name):
+                continue
+            side, depth, chain = tree.relation(quota.name, name)
+            if (ends_within is not None and not ends_within[side]) or not _still_borrowing(usage, name, chain):
+                continue
+            if chain:
+                top, over = tree.names[chain[-1]], usage.over(chain[-1])
+            else:
+                top, over = name, usage.used[name] - usage.quotas[name].capacity
+            ranks[name] = ((depth, -over, top), chain)
+        return ranks
+
+    def _across_tree(
+        self, preemptor: Job, quota: Quota, usage: Usage, ceiling: float | None, reason: str, *, borrow: bool
+    ) -> Iterator[tuple[Job, str]]:
+        """:meth:`for_preemptor`'s other quotas, with cohorts: a merge of the qualifying quotas' lists
+        by rank, then victim order; a quota drops out at its first job above ``ceiling`` or as soon as
+        it or a cohort between it and the common cohort is back within its share."""
+        ranks = self._tree_ranks(preemptor, quota, usage, borrow=borrow)
+        heap = []
+        for name, (rank, _) in ranks.items():
+            entries = self.entries(name)
+            position = self._first_untaken(name)
+            if position < len(entries):
+                heap.append((rank, entries[position][0], name, position))
+        heapq.heapify(heap)
+        while heap:
+            rank, _, name, position = heap[0]
+            entries = self.entries(name)
+            candidate = entries[position][1]
+            if (ceiling is not None and candidate.priority > ceiling) or not _still_borrowing(usage, name, ranks[name][1]):
+                heapq.heappop(heap)
+                continue
+            following = self._next_untaken(name, position + 1)
+            if following < len(entries):
+                heapq.heapreplace(heap, (rank, entries[following][0], name, following))
+            else:
+                heapq.heappop(heap)
+            yield candidate, reason
+
     def on_host(self, preemptor: Job, quota: Quota, usage: Usage, host: str, *, borrow: bool) -> Iterator[tuple[Job, str]]:
         """:meth:`for_preemptor` restricted to the candidates on ``host``, in the same order.
 
@@ -179,7 +237,14 @@ class Candidates:
         entries = self._host_lists().get(host, ())
         policy = quota.preemption
         ceiling, reason = _other_quotas_rule(policy, preemptor, borrow=borrow)
-        if ceiling != NOBODY:
+        if ceiling != NOBODY and usage.tree is not None:
+            ranks = self._tree_ranks(preemptor, quota, usage, borrow=borrow)
+            ranked = sorted((ranks[c.quota][0], key, c) for key, c in entries if c.quota in ranks and c.id not in self.taken)
+            for _, _, candidate in ranked:
+                chain = ranks[candidate.quota][1]
+                if (ceiling is None or candidate.priority <= ceiling) and _still_borrowing(usage, candidate.quota, chain):
+                    yield candidate, reason
+        elif ceiling != NOBODY:
             for _, candidate in entries:
                 if candidate.quota == quota.name or candidate.id in self.taken:
                     continue
@@ -194,6 +259,12 @@ class Candidates:
                 break
             if within_quota_allows(policy.within_quota, preemptor, candidate):
                 yield candidate, WITHIN_QUOTA
+
+
+def _still_borrowing(usage: Usage, name: str, chain: tuple[int, ...]) -> bool:
+    """Quota ``name`` and each cohort of ``chain`` above it run above their share: none of them is a
+    subtree within its share, which a reclaim never touches."""
+    return usage.is_borrowing(name) and all(usage.node_borrowing(node) for node in chain)
 
 
 def _other_quotas_rule(policy: PreemptionPolicy, preemptor: Job, *, borrow: bool) -> tuple[float | None, str]:

@@ -19,11 +19,13 @@ GPUs that processes hold right now, victims included. A job may start only when 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from airflow_quota_provider.policy.config import Quota
-from airflow_quota_provider.policy.state import State
+if TYPE_CHECKING:  # config validates the tree with this module's arithmetic: types only here
+    from airflow_quota_provider.policy.config import Cohort, Quota
+    from airflow_quota_provider.policy.state import State
 
 
 def lendable(quota: Quota, used: int) -> int:
@@ -38,8 +40,10 @@ def borrowed(quota: Quota, used: int) -> int:
     return used - quota.capacity if used > quota.capacity else 0
 
 
-def ever_fits(quota: Quota, quotas: Iterable[Quota], capacity: int) -> int:
+def ever_fits(quota: Quota, quotas: Iterable[Quota], capacity: int, cohorts: Sequence[Cohort] = ()) -> int:
     """The most GPUs ``quota`` can ever hold: its capacity, plus what it may borrow when all else is idle."""
+    if cohorts:
+        return CohortTree(capacity, tuple(quotas), tuple(cohorts)).most(quota.name)
     if not quota.borrows:
         return quota.capacity
     others_private = sum(q.private for q in quotas if q.name != quota.name)
@@ -51,6 +55,9 @@ def ever_fits(quota: Quota, quotas: Iterable[Quota], capacity: int) -> int:
 
 class Usage:
     """Mutable usage of one job queue during one decision; every check is O(1)."""
+
+    tree: CohortTree | None = None
+    """The queue's cohorts (:class:`TreeUsage`); None: the quotas are flat."""
 
     def __init__(self, capacity: int, quotas: Iterable[Quota]) -> None:
         self.capacity = capacity
@@ -74,10 +81,11 @@ class Usage:
     def remove(self, name: str, gpus: int) -> None:
         self._set(name, self.used[name] - gpus)
 
-    def fits(self, name: str, gpus: int, *, borrow: bool) -> bool:
+    def fits(self, name: str, gpus: int, *, borrow: bool, within: list[int] | None = None) -> bool:
         """Whether ``gpus`` more for quota ``name`` keep the queue balanced (ignoring physical usage).
 
-        With ``borrow=False`` the quota must stay within its own capacity.
+        With ``borrow=False`` the quota must stay within its own capacity. ``within`` is for cohorts
+        (:meth:`TreeUsage.fits`); a flat queue has no level but the quota's.
         """
         quota = self.quotas[name]
         old = self.used[name]
@@ -93,6 +101,14 @@ class Usage:
 
     def physically_free(self) -> int:
         return self.capacity - self.physical
+
+    def below_share(self, name: str) -> bool:
+        """Whether a reclaim could be for quota ``name``: it is below its capacity."""
+        return self.used[name] < self.quotas[name].capacity
+
+    def may_end_within(self, name: str, gpus: int) -> bool:
+        """Whether ``gpus`` more (fewer, when negative) leave quota ``name`` within its capacity."""
+        return self.used[name] + gpus <= self.quotas[name].capacity
 
     def is_borrowing(self, name: str) -> bool:
         return self.used[name] > self.quotas[name].capacity
@@ -119,12 +135,8 @@ class Usage:
         Borrowers draw on the common pool first, then on the lenders in proportion to what each
         lends (largest remainder, ties by name), so the figures add up to the borrowed total.
         """
-        from_lenders = max(0, self.borrowed_total - self.common)
         offers = {n: lendable(q, self.used[n]) for n, q in self.quotas.items()}
-        total = sum(offers.values())
-        result = dict.fromkeys(self.quotas, 0)
-        if not from_lenders or not total:
-            return result
+        return _apportion(max(0, self.borrowed_total - self.common), offers)
         exact = {n: from_lenders * offer / total for n, offer in offers.items()}
         for n, value in exact.items():
             result[n] = int(value)
@@ -132,6 +144,269 @@ class Usage:
         for n in sorted(exact, key=lambda n: (-(exact[n] - result[n]), n))[:rest]:
             result[n] += 1
         return result
+
+
+class CohortTree:
+    """The shape of a job queue whose quotas are grouped in cohorts, and its fixed figures.
+
+    Kueue's hierarchical cohorts: every node (a quota, a cohort, the job queue's root) has a
+    *subtree quota*, what it owns plus what its children lend into it, and a *guaranteed* part that
+    it never lends to its parent (a quota's private capacity; a cohort's subtree quota above its
+    ``lend_limit``). A node's *usage* is what its children use beyond their guaranteed parts (a
+    quota's: its jobs' GPUs). A node borrows from its parent when its usage is above its subtree
+    quota, by at most its ``borrow_limit``; the root's usage never exceeds its subtree quota. With
+    every quota a child of the root this is exactly the flat rule of :class:`Usage`.
+
+    Cohorts are numbered in the order given, the root after them; ``path[quota]`` lists the cohorts
+    from the quota's up to the root.
+    """
+
+    def __init__(self, capacity: int, quotas: tuple[Quota, ...], cohorts: tuple[Cohort, ...]) -> None:
+        index = {cohort.name: i for i, cohort in enumerate(cohorts)}
+        self.root = root = len(cohorts)
+        self.names = [cohort.name for cohort in cohorts] + [""]
+        self.parent: list[int | None] = [index[c.parent] if c.parent is not None else root for c in cohorts] + [None]
+        self.own = [cohort.capacity for cohort in cohorts] + [
+            capacity - sum(q.capacity for q in quotas) - sum(c.capacity for c in cohorts)
+        ]
+        self.borrow_limit = [cohort.borrow_limit for cohort in cohorts] + [None]
+        self.quotas = {quota.name: quota for quota in quotas}
+        self.path: dict[str, tuple[int, ...]] = {}
+        for quota in quotas:
+            node = index[quota.cohort] if quota.cohort is not None else root
+            self.path[quota.name] = self._up(node)
+        self.depth = [len(self._up(node)) - 1 for node in range(root + 1)]
+        self.total = list(self.own)
+        """GPUs each node's subtree owns: its capacity and its members' (for people to read)."""
+        self.sq = list(self.own)
+        for quota in quotas:
+            self.total[self.path[quota.name][0]] += quota.capacity
+            self.sq[self.path[quota.name][0]] += quota.capacity - quota.private
+        self.guaranteed = [0] * (root + 1)
+        for node in sorted(range(root), key=lambda n: -self.depth[n]):  # children before parents
+            limit = cohorts[node].lend_limit
+            self.guaranteed[node] = 0 if limit is None else max(0, self.sq[node] - limit)
+            self.sq[self.parent[node]] += self.sq[node] - self.guaranteed[node]
+            self.total[self.parent[node]] += self.total[node]
+        self._relations: dict[tuple[str, str], tuple[int, int, tuple[int, ...]]] = {}
+
+    def _up(self, node: int) -> tuple[int, ...]:
+        path = [node]
+        while self.parent[path[-1]] is not None:
+            path.append(self.parent[path[-1]])
+        return tuple(path)
+
+    def members(self, node: int) -> list[str]:
+        """The quotas in ``node``'s subtree, in the file's order."""
+        return [name for name, path in self.path.items() if node in path]
+
+    def relation(self, preemptor: str, victim: str) -> tuple[int, int, tuple[int, ...]]:
+        """Where quota ``victim`` is from quota ``preemptor``: ``(side, depth, chain)``.
+
+        ``side`` is the position on the preemptor's side of their lowest common cohort (0: the
+        preemptor's quota, ``k``: the ``k``-th cohort above it), ``depth`` that cohort's depth (the
+        root's is 0), and ``chain`` the cohorts on the victim's side below it, lowest first.
+        """
+        key = (preemptor, victim)
+        found = self._relations.get(key)
+        if found is None:
+            theirs = self.path[victim]
+            for side, node in enumerate(self.path[preemptor]):
+                if node in theirs:
+                    found = (side, self.depth[node], theirs[: theirs.index(node)])
+                    break
+            self._relations[key] = found
+        return found
+
+    def most(self, name: str) -> int:
+        """The most GPUs quota ``name`` can ever hold: Kueue's available capacity with all else idle."""
+        available = self.sq[self.root]
+        for node in reversed(self.path[name][:-1]):
+            if self.borrow_limit[node] is not None:
+                available = min(available, self.sq[node] - self.guaranteed[node] + self.borrow_limit[node])
+            available += self.guaranteed[node]
+        quota = self.quotas[name]
+        if not quota.borrows:
+            return min(available + quota.private, quota.capacity)
+        if quota.borrow_limit is not None:
+            available = min(available, quota.capacity - quota.private + quota.borrow_limit)
+        return available + quota.private
+
+
+class TreeUsage(Usage):
+    """:class:`Usage` of a job queue with cohorts: each check walks the quota's path, O(depth)."""
+
+    def __init__(self, capacity: int, quotas: Iterable[Quota], tree: CohortTree) -> None:
+        self.capacity = capacity
+        self.quotas = {q.name: q for q in quotas}
+        self.used = dict.fromkeys(self.quotas, 0)
+        self.physical = 0
+        self.tree = tree
+        self.node_used = [0] * (tree.root + 1)
+        self.borrow_starts = 0
+        """Counts the times a quota or a cohort started borrowing: its jobs may have become candidates."""
+
+    def _set(self, name: str, new: int) -> None:
+        quota = self.quotas[name]
+        old = self.used[name]
+        self.used[name] = new
+        if old <= quota.capacity < new:
+            self.borrow_starts += 1
+        tree, used = self.tree, self.node_used
+        floor = quota.private
+        delta = max(0, new - floor) - max(0, old - floor)
+        for node in tree.path[name]:
+            if not delta:
+                return
+            before = used[node]
+            after = used[node] = before + delta
+            if before <= tree.sq[node] < after and node != tree.root:
+                self.borrow_starts += 1
+            floor = tree.guaranteed[node]
+            delta = max(0, after - floor) - max(0, before - floor)
+
+    def fits(self, name: str, gpus: int, *, borrow: bool, within: list[int] | None = None) -> bool:
+        """Whether ``gpus`` more for quota ``name`` keep every node on its path within its limits.
+
+        With ``borrow=False`` the quota must stay within its own capacity; ``within[k]`` non-zero
+        says the same of the ``k``-th node on its path (0: the quota): it must end within its
+        subtree quota (a reclaim was made for it at the level above).
+        """
+        quota = self.quotas[name]
+        old = self.used[name]
+        new = old + gpus
+        if new > quota.capacity:
+            if not (borrow and quota.borrows) or (within and within[0]):
+                return False
+            if quota.borrow_limit is not None and new - quota.capacity > quota.borrow_limit:
+                return False
+        tree, used = self.tree, self.node_used
+        floor = quota.private
+        delta = max(0, new - floor) - max(0, old - floor)
+        for position, node in enumerate(tree.path[name], 1):
+            before = used[node]
+            after = before + delta
+            if node == tree.root:
+                return after <= tree.sq[node]
+            limit = tree.borrow_limit[node]
+            if delta > 0 and limit is not None and after > tree.sq[node] + limit:
+                return False
+            if within and within[position] and after > tree.sq[node]:
+                return False
+            floor = tree.guaranteed[node]
+            delta = max(0, after - floor) - max(0, before - floor)
+        return True  # unreachable: every path ends at the root
+
+    def node_borrowing(self, node: int) -> bool:
+        return self.node_used[node] > self.tree.sq[node]
+
+    def over(self, node: int) -> int:
+        """GPUs cohort ``node`` uses above its subtree quota (borrowed from its parent)."""
+        return max(0, self.node_used[node] - self.tree.sq[node])
+
+    def ends_within(self, name: str, gpus: int) -> list[bool]:
+        """Per position on quota ``name``'s path below the root (0: the quota): whether that node is
+        within its subtree quota once the quota holds ``gpus`` more (fewer, when negative)."""
+        quota = self.quotas[name]
+        old = self.used[name]
+        new = old + gpus
+        result = [new <= quota.capacity]
+        tree, used = self.tree, self.node_used
+        floor = quota.private
+        delta = max(0, new - floor) - max(0, old - floor)
+        for node in tree.path[name][:-1]:
+            before = used[node]
+            after = before + delta
+            result.append(after <= tree.sq[node])
+            floor = tree.guaranteed[node]
+            delta = max(0, after - floor) - max(0, before - floor)
+        return result
+
+    def below_share(self, name: str) -> bool:
+        """A reclaim could be for quota ``name`` while it or a cohort above it is below its share."""
+        return self.used[name] < self.quotas[name].capacity or any(
+            self.node_used[node] < self.tree.sq[node] for node in self.tree.path[name][:-1]
+        )
+
+    def may_end_within(self, name: str, gpus: int) -> bool:
+        return any(self.ends_within(name, gpus))
+
+    def share(self, name: str) -> tuple[float, ...]:
+        """Fair sharing per level: the borrowed GPUs of each cohort on the path, from the top, then
+        the quota's borrowed GPUs per unit of weight (cohorts weigh 1)."""
+        path = self.tree.path[name]
+        return (*(self.over(node) for node in reversed(path[:-1])), super().share(name))
+
+    def blocking(self, name: str, gpus: int) -> int | None:
+        """The lowest cohort (or the root) on quota ``name``'s path that cannot give it ``gpus`` more,
+        or None."""
+        quota = self.quotas[name]
+        old = self.used[name]
+        tree, used = self.tree, self.node_used
+        floor = quota.private
+        delta = max(0, old + gpus - floor) - max(0, old - floor)
+        for node in tree.path[name]:
+            after = used[node] + delta
+            limit = tree.borrow_limit[node]
+            if node == tree.root and after > tree.sq[node]:
+                return node
+            if delta > 0 and limit is not None and after > tree.sq[node] + limit:
+                return node
+            floor = tree.guaranteed[node]
+            delta = max(0, after - floor) - max(0, used[node] - floor)
+        return None
+
+    def lent(self) -> dict[str, int]:
+        return self.lent_by_node()[0]
+
+    def lent_by_node(self) -> tuple[dict[str, int], list[int]]:
+        """GPUs of each quota's capacity in use by others, and of each cohort's subtree in use outside it.
+
+        At each level the borrowers draw on the cohort's own capacity first, then on its children in
+        proportion to what each lends (largest remainder, ties by name); what a cohort lends to its
+        parent's level is drawn the same way from its own capacity and its children.
+        """
+        tree, used = self.tree, self.node_used
+        children: dict[int, list[tuple[str, int, int]]] = {node: [] for node in range(tree.root + 1)}
+        for name, quota in self.quotas.items():
+            children[tree.path[name][0]].append((name, lendable(quota, self.used[name]), borrowed(quota, self.used[name])))
+        for node in range(tree.root):
+            idle = max(0, tree.sq[node] - max(used[node], tree.guaranteed[node]))
+            children[tree.parent[node]].append((str(node), idle, self.over(node)))
+        quota_lent = dict.fromkeys(self.quotas, 0)
+        node_lent = [0] * (tree.root + 1)
+        for node in sorted(range(tree.root + 1), key=lambda n: tree.depth[n]):  # parents first
+            offers = {key: idle for key, idle, _ in children[node]}
+            demand = sum(owed for _, _, owed in children[node]) + node_lent[node]
+            from_children = min(sum(offers.values()), max(0, demand - tree.own[node]))
+            for key, amount in _apportion(from_children, offers).items():
+                if key in quota_lent:
+                    quota_lent[key] = amount
+                else:
+                    node_lent[int(key)] = amount
+        return quota_lent, node_lent
+
+
+def _apportion(total: int, offers: dict[str, int]) -> dict[str, int]:
+    """``total`` split in proportion to ``offers`` (largest remainder, ties by key)."""
+    result = dict.fromkeys(offers, 0)
+    whole = sum(offers.values())
+    if not total or not whole:
+        return result
+    exact = {key: total * offer / whole for key, offer in offers.items()}
+    for key, value in exact.items():
+        result[key] = int(value)
+    rest = total - sum(result.values())
+    for key in sorted(exact, key=lambda key: (-(exact[key] - result[key]), key))[:rest]:
+        result[key] += 1
+    return result
+
+
+def usage_for(state: State) -> Usage:
+    """The usage of ``state``'s job queue, all zero: flat, or over its cohorts."""
+    if not state.cohorts:
+        return Usage(state.capacity, state.quotas)
+    return TreeUsage(state.capacity, state.quotas, CohortTree(state.capacity, state.quotas, state.cohorts))
 
 
 @dataclass(frozen=True)
@@ -147,15 +422,21 @@ class QuotaUsage:
     pending_gpus: int
 
 
-def summarize(state: State) -> dict[str, QuotaUsage]:
-    """Per-quota figures of a job queue, from the GPUs its running jobs hold right now."""
-    usage = Usage(state.capacity, state.quotas)
+def _running(state: State) -> Usage:
+    """The usage of the GPUs ``state``'s running jobs hold right now."""
+    usage = usage_for(state)
     in_use = dict.fromkeys(usage.quotas, 0)
     for job in state.running:
         in_use[job.quota] += job.gpus
     for name, gpus in in_use.items():
         usage.add(name, gpus)
     usage.physical = sum(in_use.values())
+    return usage
+
+
+def summarize(state: State) -> dict[str, QuotaUsage]:
+    """Per-quota figures of a job queue, from the GPUs its running jobs hold right now."""
+    usage = _running(state)
     lent = usage.lent()
     pending_jobs = dict.fromkeys(usage.quotas, 0)
     pending_gpus = dict.fromkeys(usage.quotas, 0)
@@ -173,4 +454,38 @@ def summarize(state: State) -> dict[str, QuotaUsage]:
             pending_gpus=pending_gpus[name],
         )
         for name, quota in usage.quotas.items()
+    }
+
+
+@dataclass(frozen=True)
+class CohortUsage:
+    """One cohort's figures at one moment: its subtree's GPUs and how they are shared."""
+
+    parent: str | None
+    capacity: int
+    """GPUs its subtree owns: its own capacity and its members'."""
+    in_use: int
+    """GPUs its quotas' jobs hold."""
+    borrowed: int
+    """GPUs its subtree uses above its subtree quota, from the rest of the tree."""
+    lent: int
+    """GPUs of its subtree's capacity in use outside it."""
+
+
+def summarize_cohorts(state: State) -> dict[str, CohortUsage]:
+    """Per-cohort figures of a job queue (empty without cohorts), in the file's order."""
+    if not state.cohorts:
+        return {}
+    usage = _running(state)
+    tree = usage.tree
+    _, lent = usage.lent_by_node()
+    return {
+        cohort.name: CohortUsage(
+            parent=cohort.parent,
+            capacity=tree.total[node],
+            in_use=sum(usage.used[name] for name in tree.members(node)),
+            borrowed=usage.over(node),
+            lent=lent[node],
+        )
+        for node, cohort in enumerate(state.cohorts)
     }

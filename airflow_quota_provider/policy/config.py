@@ -13,6 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from airflow_quota_provider.policy.capacity import CohortTree
 from airflow_quota_provider.policy.documents import QUOTA_FILE_LIMITS, load_yaml
 from airflow_quota_provider.policy.errors import PolicyError, shorten
 from airflow_quota_provider.policy.fields import Fields
@@ -59,6 +60,8 @@ class Quota:
     max_preemptions: int | None = None
     on_preemption_limit: str = "fail"
     teams: tuple[str, ...] = ()
+    cohort: str | None = None
+    """The cohort it belongs to (DESIGN §2, hierarchical cohorts); None: the job queue's root."""
 
     # Cached: the quota arithmetic asks these on every check of a decision cycle.
     @cached_property
@@ -78,6 +81,23 @@ class Quota:
 
 
 @dataclass(frozen=True)
+class Cohort:
+    """A group of quotas and cohorts in a job queue's tree (Kueue's hierarchical cohorts).
+
+    It may own ``capacity`` for its subtree, which its members use before anyone outside may borrow
+    it; ``borrow_limit`` caps what the subtree uses above what it owns and what its members lend into
+    it, ``lend_limit`` what of that it lends to the rest of the tree (unset: no cap on either).
+    """
+
+    name: str
+    parent: str | None = None
+    """The cohort above it; None: a child of the job queue's root."""
+    capacity: int = 0
+    borrow_limit: int | None = None
+    lend_limit: int | None = None
+
+
+@dataclass(frozen=True)
 class Queue:
     """A job queue: a pool of GPUs shared by up to ``max_quotas_per_queue`` quotas."""
 
@@ -85,6 +105,8 @@ class Queue:
     capacity: int
     quotas: tuple[Quota, ...]
     capacity_unit: str | None = None
+    cohorts: tuple[Cohort, ...] = ()
+    """Empty: the quotas are flat, all children of the root."""
 
     def quota(self, name: str) -> Quota:
         for quota in self.quotas:
@@ -172,6 +194,7 @@ def parse_quota(data: Any, path: str) -> Quota:
         max_preemptions=fields.int("max_preemptions", None, nullable=True),
         on_preemption_limit=fields.str("on_preemption_limit", Quota.on_preemption_limit, choices=ON_PREEMPTION_LIMIT),
         teams=tuple(_parse_team(item, item_path) for item, item_path in fields.list("teams", [])),
+        cohort=fields.str("cohort", None),
     )
     fields.done()
     if weight <= 0:
@@ -212,6 +235,67 @@ def check_quotas(quotas: tuple[Quota, ...], capacity: int, path: str, *, max_quo
         raise PolicyError(path, f"quota capacities sum to {total}, above the job queue's capacity {capacity}")
 
 
+def parse_cohort(data: Any, path: str) -> Cohort:
+    """One cohort entry, as in the quota file's ``queues[].cohorts[]`` and the decision file's ``cohorts``."""
+    fields = Fields(data, path)
+    cohort = Cohort(
+        name=parse_name(fields),
+        parent=fields.str("parent", None),
+        capacity=fields.int("capacity", 0),
+        borrow_limit=fields.int("borrow_limit", None, nullable=True),
+        lend_limit=fields.int("lend_limit", None, nullable=True),
+    )
+    fields.done()
+    return cohort
+
+
+def check_cohorts(cohorts: tuple[Cohort, ...], quotas: tuple[Quota, ...], capacity: int, path: str) -> None:
+    """Rules over a queue's tree: names, parents that exist and form no cycle, capacities within the
+    queue, and lend limits the subtree can honour. ``path`` is the queue's (empty for a decision file)."""
+    def at(key: str) -> str:
+        return f"{path}.{key}" if path else key
+
+    quota_names = {quota.name for quota in quotas}
+    names: dict[str, int] = {}
+    for index, cohort in enumerate(cohorts):
+        if cohort.name in names or cohort.name in quota_names:
+            what = "cohort" if cohort.name in names else "name, also a quota's,"
+            raise PolicyError(at(f"cohorts[{index}].name"), f"duplicate {what} {cohort.name!r}")
+        names[cohort.name] = index
+    allowed = ", ".join(names) or "none (the file has no cohorts)"
+    for index, cohort in enumerate(cohorts):
+        if cohort.parent is not None and cohort.parent not in names:
+            raise PolicyError(at(f"cohorts[{index}].parent"), f"{cohort.parent!r} is not one of {allowed}")
+        seen = [cohort.name]
+        parent = cohort.parent
+        while parent is not None and parent not in seen:
+            seen.append(parent)
+            parent = cohorts[names[parent]].parent
+        if parent == cohort.name:  # a cycle above it, not through it, is named at one of its cohorts
+            raise PolicyError(at(f"cohorts[{index}].parent"), f"cycle: {' -> '.join([*seen, parent])}")
+    for index, quota in enumerate(quotas):
+        if quota.cohort is not None and quota.cohort not in names:
+            raise PolicyError(at(f"quotas[{index}].cohort"), f"{quota.cohort!r} is not one of {allowed}")
+    if not cohorts:
+        return
+    owned = sum(q.capacity for q in quotas) + sum(c.capacity for c in cohorts)
+    if owned > capacity:
+        raise PolicyError(
+            at("cohorts"), f"quota and cohort capacities sum to {owned}, above the job queue's capacity {capacity}"
+        )
+    tree = CohortTree(capacity, quotas, cohorts)
+    for index, cohort in enumerate(cohorts):
+        if not tree.members(index):
+            raise PolicyError(at(f"cohorts[{index}].name"), f"cohort {cohort.name!r} has no quota under it")
+        lendable = tree.sq[index]
+        if cohort.lend_limit is not None and cohort.lend_limit > lendable:
+            raise PolicyError(
+                at(f"cohorts[{index}].lend_limit"),
+                f"{cohort.lend_limit} is above the {lendable} GPUs cohort {cohort.name} can lend "
+                f"(its capacity {cohort.capacity} and what its members lend into it)",
+            )
+
+
 def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) -> QuotaFile:
     """Validate a parsed quota file; every error names the field path and the allowed values."""
     fields = Fields(data, "")
@@ -227,8 +311,10 @@ def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QU
         capacity = queue_fields.int("capacity", minimum=1)
         capacity_unit = queue_fields.str("capacity_unit", None)
         quotas = tuple(parse_quota(q, q_path) for q, q_path in queue_fields.list("quotas"))
+        cohorts = tuple(parse_cohort(c, c_path) for c, c_path in queue_fields.list("cohorts", []))
         queue_fields.done()
         check_quotas(quotas, capacity, queue_fields.child("quotas"), max_quotas=max_quotas_per_queue)
+        check_cohorts(cohorts, quotas, capacity, path)
         if any(q.name == name for q in queues):
             raise PolicyError(queue_fields.child("name"), f"duplicate job queue name {name!r}")
         for index, quota in enumerate(quotas):
@@ -241,7 +327,7 @@ def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QU
                 if team in team_paths:
                     raise PolicyError(f"{quota_path}.teams", f"team {team!r} is already mapped at {team_paths[team]}")
                 team_paths[team] = quota_path
-        queues.append(Queue(name=name, capacity=capacity, quotas=quotas, capacity_unit=capacity_unit))
+        queues.append(Queue(name=name, capacity=capacity, quotas=quotas, capacity_unit=capacity_unit, cohorts=cohorts))
     fields.done()
     return QuotaFile(queues=tuple(queues))
 
@@ -275,4 +361,16 @@ def quota_to_dict(quota: Quota) -> dict[str, Any]:
         "max_preemptions": quota.max_preemptions,
         "on_preemption_limit": quota.on_preemption_limit,
         "teams": list(quota.teams),
+        **({"cohort": quota.cohort} if quota.cohort is not None else {}),
+    }
+
+
+def cohort_to_dict(cohort: Cohort) -> dict[str, Any]:
+    """A cohort in the decision file's form (the inverse of :func:`parse_cohort`)."""
+    return {
+        "name": cohort.name,
+        "parent": cohort.parent,
+        "capacity": cohort.capacity,
+        "borrow_limit": cohort.borrow_limit,
+        "lend_limit": cohort.lend_limit,
     }

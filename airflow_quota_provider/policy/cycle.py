@@ -38,7 +38,7 @@ from collections import defaultdict
 
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.candidates import Candidates
-from airflow_quota_provider.policy.capacity import Usage, ever_fits
+from airflow_quota_provider.policy.capacity import ever_fits, usage_for
 from airflow_quota_provider.policy.config import Quota
 from airflow_quota_provider.policy.decision import Decision, Pending, Preemption, Rejection
 from airflow_quota_provider.policy.ordering import entry_key, queue_order
@@ -69,12 +69,13 @@ def rejection_reason(
     if quota.max_priority is not None and job.priority > quota.max_priority:
         return f"priority {job.priority} is above quota {quota.name}'s max_priority {quota.max_priority}"
     if most is None:
-        most = ever_fits(quota, state.quotas, state.capacity)
+        most = ever_fits(quota, state.quotas, state.capacity, state.cohorts)
     if job.gpus > most:
         return (
             f"asks for {job.gpus} GPUs; quota {quota.name} can never hold more than {most} "
             f"(capacity {quota.capacity}, sharing {quota.sharing}"
             + (f", borrow_limit {quota.borrow_limit}" if quota.borrow_limit is not None else "")
+            + (f", in cohort {quota.cohort}" if quota.cohort is not None else "")
             + f", job queue capacity {state.capacity})"
         )
     if state.hosts is not None:
@@ -91,7 +92,7 @@ class _Cycle:
         self.now = now
         self.quotas = {q.name: q for q in state.quotas}
         self.backlog = Backlog.of(state.pending)
-        self.usage = Usage(state.capacity, state.quotas)
+        self.usage = usage_for(state)
         self.placement = None if state.hosts is None else Placement(state.hosts, state.running)
         self.stopping_for: dict[str, list[Job]] = defaultdict(list)
         # The hottest loop of a cycle (the simulator makes ~10^5 cycles): locals, one pass.
@@ -145,7 +146,7 @@ class _Cycle:
         largest_host = None if self.placement is None else self.placement.largest
         for name in self.backlog.quotas():
             quota = self.quotas[name]
-            most = ever_fits(quota, self.state.quotas, self.state.capacity)
+            most = ever_fits(quota, self.state.quotas, self.state.capacity, self.state.cohorts)
             if self.backlog.largest(name) <= (most if largest_host is None else min(most, largest_host)) and (
                 quota.max_priority is None or self.backlog.highest_priority(name) <= quota.max_priority
             ):
@@ -163,11 +164,19 @@ class _Cycle:
         """Count ``job``'s GPUs against its quota.
 
         Taking capacity only makes later fits and searches harder, except that a quota starting to
-        borrow makes its running jobs reclaim candidates: only that invalidates memoised failures.
+        borrow makes its running jobs reclaim candidates: only that invalidates memoised failures (with
+        cohorts, a cohort starting to borrow too).
         """
-        was_borrowing = self.usage.is_borrowing(job.quota)
-        self.usage.add(job.quota, job.gpus)
-        if not was_borrowing and self.usage.is_borrowing(job.quota):
+        usage = self.usage
+        if usage.tree is not None:
+            starts = usage.borrow_starts
+            usage.add(job.quota, job.gpus)
+            if usage.borrow_starts != starts:
+                self.epoch += 1
+            return
+        was_borrowing = usage.is_borrowing(job.quota)
+        usage.add(job.quota, job.gpus)
+        if not was_borrowing and usage.is_borrowing(job.quota):
             self.epoch += 1
 
     def _hold(self, job: Job, victims: list[str], host: str | None) -> None:
@@ -232,7 +241,7 @@ class _Cycle:
         if self._failed_at_most(self._search_failed, job.quota, borrow, job.gpus):
             return False
         # None without phases; with hosts, all on the host the job will run on
-        victims = find_victims(job, quota, self.usage, self.candidates, phases, self.placement)
+        victims = find_victims(job, quota, self.usage, self.candidates, phases, self.placement, may_borrow=borrow)
         if not victims:
             self._remember_no(self._search_failed, job, borrow)
             return False

@@ -16,7 +16,7 @@ on one host while it has room only on another waits.
 
 from __future__ import annotations
 
-from airflow_quota_provider.policy.candidates import Candidates
+from airflow_quota_provider.policy.candidates import RECLAIM, Candidates
 from airflow_quota_provider.policy.capacity import Usage
 from airflow_quota_provider.policy.config import Quota
 from airflow_quota_provider.policy.ordering import victim_cost, victim_set_order
@@ -31,12 +31,14 @@ def search_phases(preemptor: Job, quota: Quota, usage: Usage) -> list[bool]:
     """The phases to try, as ``borrow`` flags.
 
     Phase 1 (``False``) looks for a set after which the quota does not borrow, and is tried only while
-    the quota is below its capacity. Phase 2 (``True``) allows the quota to end up borrowing; a job
+    the quota is below its capacity. With cohorts, phase 1 reclaims at a level only for a preemptor
+    whose side of that level ends within its share, so it is tried while the quota or a cohort above
+    it is below its share. Phase 2 (``True``) allows the quota to end up borrowing; a job
     asking for more than its quota's capacity can never be within it, so it is tried for such a job
     only when the quota has ``borrow_within``.
     """
     phases = []
-    if usage.used[quota.name] < quota.capacity:
+    if usage.below_share(quota.name):
         phases.append(False)
     if preemptor.gpus <= quota.capacity or quota.preemption.borrow_within is not None:
         phases.append(True)
@@ -50,26 +52,30 @@ def find_victims(
     candidates: Candidates,
     phases: list[bool],
     placement: Placement | None = None,
+    *,
+    may_borrow: bool = True,
 ) -> Victims | None:
     """Victims (in order of choice, each with its reason) that make ``preemptor`` fit, or None.
 
     ``phases`` comes from :func:`search_phases`, possibly narrowed by the caller. With ``placement``
-    (hosts) the victims are all on one host, the one the preemptor will run on.
+    (hosts) the victims are all on one host, the one the preemptor will run on. With cohorts, phase 1
+    lets the quota itself borrow within its cohort when ``may_borrow`` (the borrowing pass), as long
+    as each level it reclaims at ends within its share.
     """
     for borrow in phases:
         if not _may_find(preemptor, quota, usage, candidates, borrow=borrow):
             continue
         if placement is None:
-            victims = _minimal_set(preemptor, quota, usage, candidates, borrow=borrow)
+            victims = _minimal_set(preemptor, quota, usage, candidates, borrow=borrow, may_borrow=may_borrow)
         else:
-            victims = _on_one_host(preemptor, quota, usage, candidates, placement, borrow=borrow)
+            victims = _on_one_host(preemptor, quota, usage, candidates, placement, borrow=borrow, may_borrow=may_borrow)
         if victims:
             return victims
     return None
 
 
 def _on_one_host(
-    preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, placement: Placement, *, borrow: bool
+    preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, placement: Placement, *, borrow: bool, may_borrow: bool
 ) -> Victims | None:
     """The cheapest set over the hosts.
 
@@ -92,7 +98,9 @@ def _on_one_host(
         room = placement.free_settled[host]
         if room + candidates.gpus_on(host) < preemptor.gpus:
             continue
-        victims = _minimal_set(preemptor, quota, usage, candidates, borrow=borrow, host=host, room=room)
+        victims = _minimal_set(
+            preemptor, quota, usage, candidates, borrow=borrow, may_borrow=may_borrow, host=host, room=room
+        )
         if victims:
             key = victim_set_order([victim for victim, _ in victims], preemptor, candidates.now)
             if best is None or key < best_key:
@@ -111,8 +119,9 @@ def _may_find(preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates
     own = candidates.own_at_most(preemptor, quota)
     if ceiling == NOBODY and not own:
         return False  # no rule allows any victim
-    # Phase 1 ends within the quota's capacity; victims of other quotas do not lower its usage.
-    return borrow or usage.used[quota.name] - own + preemptor.gpus <= quota.capacity
+    # Phase 1 ends within the quota's capacity (with cohorts: some level's share); victims of other
+    # quotas do not lower its usage.
+    return borrow or usage.may_end_within(quota.name, preemptor.gpus - own)
 
 
 def _minimal_set(
@@ -122,12 +131,21 @@ def _minimal_set(
     candidates: Candidates,
     *,
     borrow: bool,
+    may_borrow: bool = True,
     host: str | None = None,
     room: int = 0,
 ) -> Victims | None:
     """With ``host``, only its candidates, and the victims must also free what its ``room`` (GPUs free
-    once settled) lacks for the job."""
+    once settled) lacks for the job.
+
+    With cohorts, ``levels`` counts the reclaim victims per level of the preemptor's path (0: its
+    quota, the level of a victim: the preemptor's side of their lowest common cohort): each level
+    counted must end within its share, and the quota itself may borrow in phase 1 if ``may_borrow``.
+    """
     lacking = preemptor.gpus - room if host is not None else 0
+    tree = usage.tree
+    levels = None if tree is None else [0] * len(tree.path[quota.name])
+    fit_borrow = may_borrow if levels is not None and not borrow else borrow
     chosen: Victims = []
     freed = 0
     fits = False
@@ -139,19 +157,26 @@ def _minimal_set(
         usage.remove(candidate.quota, candidate.gpus)
         chosen.append((candidate, reason))
         freed += candidate.gpus
-        if freed >= lacking and usage.fits(quota.name, preemptor.gpus, borrow=borrow):
+        if levels is not None and reason == RECLAIM:
+            levels[tree.relation(quota.name, candidate.quota)[0]] += 1
+        if freed >= lacking and usage.fits(quota.name, preemptor.gpus, borrow=fit_borrow, within=levels):
             fits = True
             break
     if fits:
         given_back = set()
         for index in range(len(chosen) - 2, -1, -1):
-            candidate = chosen[index][0]
+            candidate, reason = chosen[index]
             usage.add(candidate.quota, candidate.gpus)
-            if freed - candidate.gpus >= lacking and usage.fits(quota.name, preemptor.gpus, borrow=borrow):
+            level = tree.relation(quota.name, candidate.quota)[0] if levels is not None and reason == RECLAIM else None
+            if level is not None:
+                levels[level] -= 1
+            if freed - candidate.gpus >= lacking and usage.fits(quota.name, preemptor.gpus, borrow=fit_borrow, within=levels):
                 given_back.add(index)
                 freed -= candidate.gpus
             else:
                 usage.remove(candidate.quota, candidate.gpus)
+                if level is not None:
+                    levels[level] += 1
         chosen = [victim for index, victim in enumerate(chosen) if index not in given_back]
     for candidate, _ in chosen:  # restore the snapshot
         usage.add(candidate.quota, candidate.gpus)

@@ -26,6 +26,7 @@ class Explainer:
         self.placement = placement
         self._cache: dict[tuple, str] = {}
         self._borrowers: list[tuple[str, int, int | None]] | None = None
+        self._lent: list[int] | None = None
 
     def held(self, job: Job, victims: list[str], host: str | None = None) -> str:
         """A job whose capacity (and, with hosts, GPUs on ``host``) is held while jobs stop."""
@@ -80,6 +81,8 @@ class Explainer:
                     f"({borrowed(quota, used)} borrowed, would need {used + job.gpus - quota.capacity})"
                 )
             else:
+                if self.usage.tree is not None:
+                    parts.extend(self._cohort_full(job))
                 parts.append(f"{self.usage.free_for(quota.name)} GPUs free to borrow; {self._borrowers_text(job)}")
         if searched:
             parts.append(self._no_victims(job, quota))
@@ -94,6 +97,28 @@ class Explainer:
             rules += f", borrow_within max_priority {policy.borrow_within}"
         where = " on one host" if self.placement is not None else ""
         return f"no preemptible jobs it may preempt would free {job.gpus} GPUs{where} ({rules})"
+
+    def _cohort_full(self, job: Job) -> list[str]:
+        """With cohorts: the lowest cohort above the job's quota that cannot give it its GPUs, with what
+        its subtree owns, what its quotas use, and what it lends to which subtrees borrowing beside it."""
+        usage, tree = self.usage, self.usage.tree
+        node = usage.blocking(job.quota, job.gpus)
+        if node is None or node == tree.root:
+            return []
+        if self._lent is None:
+            self._lent = usage.lent_by_node()[1]
+        name = tree.names[node]
+        members = sum(usage.used[member] for member in tree.members(node))
+        text = f"cohort {name} full: {members}/{tree.total[node]} GPUs in use by its quotas"
+        if self._lent[node]:
+            parent = tree.parent[node]
+            borrowers = [tree.names[n] for n in range(tree.root) if tree.parent[n] == parent and n != node and usage.over(n)]
+            borrowers += [q for q in sorted(usage.quotas) if tree.path[q][0] == parent and usage.is_borrowing(q)]
+            text += f", {self._lent[node]} lent to {', '.join(borrowers)}"
+        limit = tree.borrow_limit[node]
+        if limit is not None and usage.node_used[node] + job.gpus > tree.sq[node] + limit:
+            text += f"; its borrow limit {limit} reached ({usage.over(node)} borrowed)"
+        return [text + f", needs {job.gpus}"]
 
     def _borrowers_text(self, job: Job) -> str:
         """Other quotas running above their capacity: whose jobs hold what this quota lends."""

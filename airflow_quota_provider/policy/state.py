@@ -12,7 +12,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_quota_provider.policy.config import MAX_QUOTAS_PER_QUEUE, Queue, Quota, check_quotas, parse_quota
+from airflow_quota_provider.policy.config import (
+    MAX_QUOTAS_PER_QUEUE,
+    Cohort,
+    Queue,
+    Quota,
+    check_cohorts,
+    check_quotas,
+    parse_cohort,
+    parse_quota,
+)
 from airflow_quota_provider.policy.errors import PolicyError
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.fields import Fields
@@ -73,6 +82,8 @@ class State:
     pending: tuple[Job, ...] | Backlog
     """The waiting jobs: any sequence, or a :class:`Backlog` kept up to date by the caller."""
     hosts: tuple[Host, ...] | None = None
+    cohorts: tuple[Cohort, ...] = ()
+    """The queue's cohorts (DESIGN §2, hierarchical cohorts); empty: the quotas are flat."""
 
     @classmethod
     def for_queue(
@@ -89,6 +100,7 @@ class State:
             running=tuple(running),
             pending=pending,
             hosts=None if hosts is None else tuple(hosts),
+            cohorts=queue.cohorts,
         )
 
 
@@ -187,6 +199,8 @@ def parse_state(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) 
     capacity = fields.int("capacity", minimum=1)
     quotas = tuple(parse_quota(item, path) for item, path in fields.list("quotas"))
     check_quotas(quotas, capacity, "quotas", max_quotas=max_quotas_per_queue)
+    cohorts = tuple(parse_cohort(item, path) for item, path in fields.list("cohorts", []))
+    check_cohorts(cohorts, quotas, capacity, "")
     names = tuple(q.name for q in quotas)
     hosts = _parse_hosts(fields, capacity)
     host_names = None if hosts is None else tuple(host.name for host in hosts)
@@ -204,4 +218,4 @@ def parse_state(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) 
             if job.id in seen:
                 raise PolicyError(path, f"duplicate job id {job.id!r} (also at {seen[job.id]})")
             seen[job.id] = path
-    return State(capacity=capacity, quotas=quotas, running=running, pending=pending, hosts=hosts), now
+    return State(capacity=capacity, quotas=quotas, running=running, pending=pending, hosts=hosts, cohorts=cohorts), now
