@@ -1,7 +1,8 @@
 """QuotaExecutor's configuration: the quota file, the GPUs of this machine, and which launcher.
 
 A bad quota file at start stops the scheduler with the field named; a bad edit while running keeps
-the last good configuration (:meth:`QuotaConfig.reload`).
+the last good configuration (:meth:`QuotaConfig.reload`). Besides the policy's own checks, a quota
+may not be named like an Airflow pool that the executor does not manage (:func:`pool_collisions`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from airflow_quota_provider.policy import PolicyError, QuotaFile, load_quota_file
 
@@ -69,6 +70,51 @@ def read_quota_file(path: str) -> QuotaFile:
         raise QuotaConfigError(f"{path}: cannot be read as a quota file ({type(e).__name__})") from None
 
 
+MANAGED_POOL = "(managed by QuotaExecutor)"
+"""Ends the description of every Airflow pool QuotaExecutor made for a quota (``_sync_pools``)."""
+DEFAULT_POOL = "default_pool"
+"""Airflow's own pool (``Pool.DEFAULT_POOL_NAME``), whatever the database says."""
+
+
+def pool_collisions(quota_file: QuotaFile, pools: Mapping[str, str | None]) -> list[str]:
+    """Errors for quotas named like an Airflow pool that QuotaExecutor does not manage.
+
+    A quota's name is its Airflow pool, and the executor gives that pool unlimited slots: a quota
+    named ``default_pool``, or like a pool someone made for other tasks, would silently lift that
+    pool's limit. ``pools`` maps the existing pools' names to their descriptions.
+    """
+    errors = []
+    for i, queue in enumerate(quota_file.queues):
+        for j, quota in enumerate(queue.quotas):
+            if quota.name == DEFAULT_POOL:
+                why = "Airflow's default pool"
+            elif quota.name in pools and MANAGED_POOL not in (pools[quota.name] or ""):
+                why = "an Airflow pool that QuotaExecutor does not manage"
+            else:
+                continue
+            errors.append(
+                f"queues[{i}].quotas[{j}].name: {quota.name!r} is {why}; a quota's name is its pool and "
+                "QuotaExecutor would make it unlimited: rename the quota (or delete the pool)"
+            )
+    return errors
+
+
+def existing_pools() -> dict[str, str | None] | None:
+    """Name -> description of Airflow's pools; None when the database cannot say (not migrated)."""
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from airflow.models.pool import Pool
+    from airflow.utils.session import create_session
+
+    try:
+        with create_session() as session:
+            return dict(session.execute(select(Pool.pool, Pool.description)).all())
+    except SQLAlchemyError as e:
+        log.warning("Cannot read Airflow's pools to check quota names against them: %s", e)
+        return None
+
+
 def split_devices(quota_file: QuotaFile, devices: Sequence[str], path: str = "") -> dict[str, list[str]]:
     """Split one machine's devices among the quota file's job queues, in file order."""
     split: dict[str, list[str]] = {}
@@ -94,17 +140,26 @@ def load_config(path: str, devices: Sequence[str]) -> tuple[QuotaFile, dict[str,
 class QuotaConfig:
     """The quota file in force, re-read when it changes on disk."""
 
-    def __init__(self, path: str, devices: Sequence[str] | None) -> None:
-        """``devices`` are this machine's GPUs (local launcher), None on a fleet (hosts register)."""
+    def __init__(
+        self, path: str, devices: Sequence[str] | None, *, pools: Callable[[], Mapping[str, str | None] | None] = existing_pools
+    ) -> None:
+        """``devices`` are this machine's GPUs (local launcher), None on a fleet (hosts register);
+        ``pools`` reads Airflow's pools (name -> description) that quota names must not collide with."""
         self.path = path
         self.devices = devices
+        self._pools = pools
         self.quota_file = self._load()
         self.mtime = self._mtime()
 
     def _load(self) -> QuotaFile:
         if self.devices is None:
-            return read_quota_file(self.path)
-        return load_config(self.path, self.devices)[0]
+            quota_file = read_quota_file(self.path)
+        else:
+            quota_file = load_config(self.path, self.devices)[0]
+        errors = pool_collisions(quota_file, self._pools() or {})
+        if errors:
+            raise QuotaConfigError(f"{self.path}: {'; '.join(errors)}")
+        return quota_file
 
     def _mtime(self) -> float | None:
         try:
