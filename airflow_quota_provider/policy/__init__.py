@@ -4,9 +4,10 @@ The executor, the simulator, the CLI and the REST API all call this package; it 
 that knows the quota arithmetic and the preemption rules (DESIGN §2).
 """
 
-from airflow_quota_provider.policy.capacity import QuotaUsage, summarize
+from airflow_quota_provider.policy.capacity import CohortUsage, QuotaUsage, summarize, summarize_cohorts
 from airflow_quota_provider.policy.config import (
     MAX_QUOTAS_PER_QUEUE,
+    Cohort,
     PreemptionPolicy,
     Queue,
     Quota,
@@ -22,6 +23,8 @@ from airflow_quota_provider.policy.state import Host, Job, State, parse_state
 
 __all__ = [
     "MAX_QUOTAS_PER_QUEUE",
+    "Cohort",
+    "CohortUsage",
     "Decision",
     "Host",
     "Job",
@@ -42,4 +45,5 @@ __all__ = [
     "quota_to_dict",
     "rejection_reason",
     "summarize",
+    "summarize_cohorts",
 ]

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from airflow_quota_provider.policy.config import MAX_QUOTAS_PER_QUEUE, load_quota_file
+from airflow_quota_provider.policy.config import MAX_QUOTAS_PER_QUEUE, Queue, load_quota_file
 from airflow_quota_provider.policy.cycle import decide
 from airflow_quota_provider.policy.documents import DECISION_FILE_LIMITS, load_json
 from airflow_quota_provider.policy.errors import PolicyError
@@ -32,16 +32,26 @@ def _decide(args: argparse.Namespace) -> None:
 def _validate(args: argparse.Namespace) -> None:
     quota_file = load_quota_file(args.file, max_quotas_per_queue=args.max_quotas)
     for queue in quota_file.queues:
-        assigned = sum(q.capacity for q in queue.quotas)
+        assigned = sum(q.capacity for q in queue.quotas) + sum(c.capacity for c in queue.cohorts)
         print(f"job queue {queue.name}: {queue.capacity} GPUs, {len(queue.quotas)} quotas, {queue.capacity - assigned} in the common pool")
-        for quota in queue.quotas:
-            limits = []
-            if quota.borrow_limit is not None:
-                limits.append(f"borrow_limit {quota.borrow_limit}")
-            if quota.lend_limit is not None:
-                limits.append(f"lend_limit {quota.lend_limit}")
-            print(f"  {quota.name}: capacity {quota.capacity}, {quota.sharing}" + "".join(f", {x}" for x in limits))
+        _print_level(queue, None, "  ")
     print("ok")
+
+
+def _limits(entry) -> str:
+    limits = [f"{key} {value}" for key in ("borrow_limit", "lend_limit") if (value := getattr(entry, key)) is not None]
+    return "".join(f", {limit}" for limit in limits)
+
+
+def _print_level(queue: Queue, cohort: str | None, indent: str) -> None:
+    """The quotas and cohorts under ``cohort`` (None: the root), each cohort followed by its own."""
+    for quota in queue.quotas:
+        if quota.cohort == cohort:
+            print(f"{indent}{quota.name}: capacity {quota.capacity}, {quota.sharing}{_limits(quota)}")
+    for child in queue.cohorts:
+        if child.parent == cohort:
+            print(f"{indent}cohort {child.name}: capacity {child.capacity}{_limits(child)}")
+            _print_level(queue, child.name, indent + "  ")
 
 
 def main(argv: list[str] | None = None) -> int:

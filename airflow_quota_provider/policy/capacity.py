@@ -337,20 +337,17 @@ class TreeUsage(Usage):
         path = self.tree.path[name]
         return (*(self.over(node) for node in reversed(path[:-1])), super().share(name))
 
-    def blocking(self, name: str, gpus: int) -> int | None:
-        """The lowest cohort (or the root) on quota ``name``'s path that cannot give it ``gpus`` more,
-        or None."""
+    def full_cohort(self, name: str, gpus: int) -> int | None:
+        """The lowest cohort on quota ``name``'s path (below the root) that ``gpus`` more would take
+        above its subtree quota, or None."""
         quota = self.quotas[name]
         old = self.used[name]
         tree, used = self.tree, self.node_used
         floor = quota.private
         delta = max(0, old + gpus - floor) - max(0, old - floor)
-        for node in tree.path[name]:
+        for node in tree.path[name][:-1]:
             after = used[node] + delta
-            limit = tree.borrow_limit[node]
-            if node == tree.root and after > tree.sq[node]:
-                return node
-            if delta > 0 and limit is not None and after > tree.sq[node] + limit:
+            if after > tree.sq[node]:
                 return node
             floor = tree.guaranteed[node]
             delta = max(0, after - floor) - max(0, used[node] - floor)

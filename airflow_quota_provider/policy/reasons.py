@@ -99,11 +99,11 @@ class Explainer:
         return f"no preemptible jobs it may preempt would free {job.gpus} GPUs{where} ({rules})"
 
     def _cohort_full(self, job: Job) -> list[str]:
-        """With cohorts: the lowest cohort above the job's quota that cannot give it its GPUs, with what
+        """With cohorts: the lowest cohort above the job's quota whose share cannot hold it, with what
         its subtree owns, what its quotas use, and what it lends to which subtrees borrowing beside it."""
         usage, tree = self.usage, self.usage.tree
-        node = usage.blocking(job.quota, job.gpus)
-        if node is None or node == tree.root:
+        node = usage.full_cohort(job.quota, job.gpus)
+        if node is None:
             return []
         if self._lent is None:
             self._lent = usage.lent_by_node()[1]

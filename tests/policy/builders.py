@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from airflow_quota_provider.policy import Host, Job, PreemptionPolicy, Quota, State
+from airflow_quota_provider.policy import Cohort, Host, Job, PreemptionPolicy, Quota, State
 
 
 def quota(name: str, capacity: int, **fields) -> Quota:
@@ -28,6 +28,12 @@ class StateBuilder:
         self.running: list[Job] = []
         self.pending: list[Job] = []
         self.hosts: list[Host] | None = None
+        self.cohorts: list[Cohort] = []
+
+    def cohort(self, name: str, parent: str | None = None, capacity: int = 0, **fields) -> StateBuilder:
+        """Add a cohort; quotas join one with ``cohort="..."``."""
+        self.cohorts.append(Cohort(name, parent, capacity, **fields))
+        return self
 
     def quota(self, name: str, capacity: int, **fields) -> StateBuilder:
         self.quotas.append(quota(name, capacity, **fields))
@@ -49,7 +55,7 @@ class StateBuilder:
 
     def build(self) -> State:
         hosts = None if self.hosts is None else tuple(self.hosts)
-        return State(self.capacity, tuple(self.quotas), tuple(self.running), tuple(self.pending), hosts)
+        return State(self.capacity, tuple(self.quotas), tuple(self.running), tuple(self.pending), hosts, tuple(self.cohorts))
 
 
 def queue(capacity: int) -> StateBuilder:

@@ -62,6 +62,8 @@ def test_decide_reads_stdin_and_reports_preemptions_and_reasons():
                      "running[0].gpus: 0 is below the minimum 1", id="zero GPUs"),
         pytest.param({"pending": [dict(DESIGN_EXAMPLE["pending"][0], id="j1")]},
                      "pending[0].id: duplicate job id 'j1' (also at running[0].id)", id="duplicate ids"),
+        pytest.param({"cohorts": [{"name": "ml", "parent": "org"}]},
+                     "cohorts[0].parent: 'org' is not one of ml", id="unknown parent cohort"),
     ],
 )
 def test_decide_rejects_bad_input_with_exit_2_naming_the_field(change, message):
@@ -70,6 +72,27 @@ def test_decide_rejects_bad_input_with_exit_2_naming_the_field(change, message):
     assert result.stdout == ""
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_decide_with_cohorts_reclaims_across_them():
+    state = {
+        "now": 1000.0,
+        "capacity": 8,
+        "cohorts": [{"name": "ml", "parent": None, "capacity": 8, "borrow_limit": None, "lend_limit": None}],
+        "quotas": [{"name": "t1", "capacity": 0, "cohort": "ml"}, {"name": "w", "capacity": 0}],
+        "running": [{"id": "w1", "quota": "w", "gpus": 8, "priority": 90, "started_at": 900.0, "submitted_at": 850.0}],
+        "pending": [{"id": "t1a", "quota": "t1", "gpus": 4, "priority": 1, "submitted_at": 990.0}],
+    }
+    result = policy("decide", "-", stdin=json.dumps(state))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["preempt"] == [{"id": "w1", "for": "t1a", "reason": "reclaim", "quota": "w", "fail": False}]
+
+
+def test_validate_prints_the_tree_of_cohorts():
+    result = policy("validate", str(EXAMPLE.with_name("cohort-quotas.yaml")))
+    assert result.returncode == 0, result.stderr
+    assert "4 in the common pool" in result.stdout
+    assert "  cohort ml: capacity 8\n    cohort research: capacity 8\n      vision: capacity 4" in result.stdout
 
 
 def test_decide_rejects_invalid_json():

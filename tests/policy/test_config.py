@@ -7,8 +7,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from airflow_quota_provider.policy import PolicyError, PreemptionPolicy, Quota, load_quota_file, parse_quota_file, quota_to_dict
-from airflow_quota_provider.policy.config import parse_quota
+from airflow_quota_provider.policy import (
+    Cohort,
+    PolicyError,
+    PreemptionPolicy,
+    Quota,
+    load_quota_file,
+    parse_quota_file,
+    quota_to_dict,
+)
+from airflow_quota_provider.policy.config import cohort_to_dict, parse_cohort, parse_quota
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "quotas.yaml"
 
@@ -159,3 +167,109 @@ def test_yaml_and_dict_give_the_same_file(tmp_path):
     data = one_queue({"name": "a", "capacity": 4, "sharing": "reserve"})
     path.write_text(yaml.safe_dump(data))
     assert load_quota_file(path) == parse_quota_file(data)
+
+
+# -- hierarchical cohorts ---------------------------------------------------------------------------
+
+TREE = Path(__file__).parents[2] / "examples" / "cohort-quotas.yaml"
+
+
+def with_cohorts(cohorts: list[dict], *quotas: dict, capacity: int = 16) -> dict:
+    data = one_queue(*quotas, capacity=capacity)
+    data["queues"][0]["cohorts"] = cohorts
+    return data
+
+
+def test_the_example_tree_parses_with_its_values():
+    (queue,) = load_quota_file(TREE).queues
+    assert [(c.name, c.parent, c.capacity) for c in queue.cohorts] == [
+        ("ml", None, 8), ("research", "ml", 8), ("training", "ml", 0), ("web", None, 0)
+    ]
+    assert {q.name: q.cohort for q in queue.quotas} == {
+        "vision": "research", "language": "research", "batch-train": "training", "serving": "web", "analytics": "web"
+    }
+
+
+def test_a_cohort_needs_only_a_name_and_a_quota_its_cohort():
+    (queue,) = parse_quota_file(with_cohorts([{"name": "ml"}], {"name": "a", "capacity": 4, "cohort": "ml"})).queues
+    assert queue.cohorts == (Cohort("ml", parent=None, capacity=0, borrow_limit=None, lend_limit=None),)
+    assert queue.quotas[0].cohort == "ml"
+    assert parse_quota(quota_to_dict(queue.quotas[0]), "q") == queue.quotas[0]
+    assert parse_cohort(cohort_to_dict(queue.cohorts[0]), "c") == queue.cohorts[0]
+
+
+def test_a_file_without_cohorts_has_none_and_writes_no_cohort_field():
+    (queue,) = load_quota_file(EXAMPLE).queues
+    assert queue.cohorts == () and all(q.cohort is None for q in queue.quotas)
+    assert all("cohort" not in quota_to_dict(q) for q in queue.quotas)
+
+
+BAD_TREES = [
+    pytest.param(
+        with_cohorts([{"name": "ml", "parent": "web"}, {"name": "web", "parent": "ml"}], {"name": "a", "capacity": 4, "cohort": "ml"}),
+        "queues[0].cohorts[0].parent: cycle: ml -> web -> ml",
+        id="a cycle of cohorts names the parent field and the cycle",
+    ),
+    pytest.param(
+        with_cohorts([{"name": "ml", "parent": "ml"}], {"name": "a", "capacity": 4, "cohort": "ml"}),
+        "queues[0].cohorts[0].parent: cycle: ml -> ml",
+        id="a cohort that is its own parent",
+    ),
+    pytest.param(
+        with_cohorts([{"name": "ml", "parent": "org"}], {"name": "a", "capacity": 4, "cohort": "ml"}),
+        "queues[0].cohorts[0].parent: 'org' is not one of ml",
+        id="an unknown parent names the known cohorts",
+    ),
+    pytest.param(
+        with_cohorts([{"name": "ml"}], {"name": "a", "capacity": 4, "cohort": "web"}),
+        "queues[0].quotas[0].cohort: 'web' is not one of ml",
+        id="a quota in an unknown cohort",
+    ),
+    pytest.param(
+        one_queue({"name": "a", "capacity": 4, "cohort": "ml"}),
+        "queues[0].quotas[0].cohort: 'ml' is not one of none (the file has no cohorts)",
+        id="a quota in a cohort of a file without cohorts",
+    ),
+    pytest.param(
+        with_cohorts([{"name": "ml", "capacity": 8}], {"name": "a", "capacity": 10, "cohort": "ml"}),
+        "queues[0].cohorts: quota and cohort capacities sum to 18, above the job queue's capacity 16",
+        id="quota and cohort capacities that do not add up",
+    ),
+    pytest.param(
+        with_cohorts([{"name": "ml", "capacity": 2, "lend_limit": 5}], {"name": "a", "capacity": 4, "cohort": "ml", "lend_limit": 2}),
+        "queues[0].cohorts[0].lend_limit: 5 is above the 4 GPUs cohort ml can lend (its capacity 2 and what its members lend into it)",
+        id="a cohort's lend_limit above what its subtree can lend",
+    ),
+    pytest.param(
+        with_cohorts([{"name": "ml"}, {"name": "web"}], {"name": "a", "capacity": 4, "cohort": "ml"}),
+        "queues[0].cohorts[1].name: cohort 'web' has no quota under it",
+        id="a cohort without quotas",
+    ),
+    pytest.param(
+        with_cohorts([{"name": "ml"}, {"name": "ml"}], {"name": "a", "capacity": 4, "cohort": "ml"}),
+        "queues[0].cohorts[1].name: duplicate cohort 'ml'",
+        id="duplicate cohort names",
+    ),
+    pytest.param(
+        with_cohorts([{"name": "a"}], {"name": "a", "capacity": 4, "cohort": "a"}),
+        "queues[0].cohorts[0].name: duplicate name, also a quota's, 'a'",
+        id="a cohort named like a quota",
+    ),
+    pytest.param(
+        with_cohorts([{"name": "ml", "weight": 2}], {"name": "a", "capacity": 4, "cohort": "ml"}),
+        "queues[0].cohorts[0].weight: unknown field",
+        id="unknown cohort fields are refused",
+    ),
+    pytest.param(
+        with_cohorts([{"name": "ml", "borrow_limit": -1}], {"name": "a", "capacity": 4, "cohort": "ml"}),
+        "queues[0].cohorts[0].borrow_limit: -1 is below the minimum 0",
+        id="negative cohort borrow_limit",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), BAD_TREES)
+def test_bad_trees_are_refused_naming_the_field(data, message):
+    with pytest.raises(PolicyError) as error:
+        parse_quota_file(data)
+    assert str(error.value).startswith(message)
