@@ -82,6 +82,13 @@ RECLAIM = [
         id="a subtree within its share is pruned from the victim search",
     ),
     pytest.param(
+        queue(16).cohort("ml").quota("m1", 4, cohort="ml").quota("m2", 4, cohort="ml").quota("w", 4)
+        .quota("t", 4, reclaim="lower_priority")
+        .run("m2a", "m2", 8, 0).run("wa", "w", 8, 9).wait("ta", "t", 4, 5).build(),
+        [], [],
+        id="a borrowing team inside a cohort within its share is spared, even at the lowest priority",
+    ),
+    pytest.param(
         # root: ml(0){m1 4, m2 4}, t 4, common 4: m2 uses m1's 4, t the common pool; taking t's job
         # would leave ml above its share, so m1 takes back what it lent to its sibling
         queue(16).cohort("ml").quota("m1", 4, cohort="ml").quota("m2", 4, cohort="ml").quota("t", 4)

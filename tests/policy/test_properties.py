@@ -1,8 +1,9 @@
-"""Invariants of ``decide`` over generated queues, with and without hosts (hypothesis; 1,000 examples
-each in CI).
+"""Invariants of ``decide`` over generated queues, with and without hosts, flat and with cohorts
+(hypothesis; 1,000 examples each in CI).
 
-The balance rule is re-derived here from DESIGN §2, independently of ``policy.capacity``, and every
-generated running set is built by admitting jobs one by one while that rule holds.
+The balance rule is re-derived here from DESIGN §2 (with cohorts: from Kueue's hierarchical cohorts),
+independently of ``policy.capacity``, and every generated running set is built by admitting jobs one
+by one while that rule holds.
 """
 
 from __future__ import annotations
@@ -14,15 +15,23 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_quota_provider.policy import Host, Job, PreemptionPolicy, Quota, State, decide
+from airflow_quota_provider.policy import Cohort, Host, Job, PreemptionPolicy, Quota, State, decide
 from airflow_quota_provider.policy.ordering import queue_order
 
 SHARING = ("reserve", "lend", "lend_and_borrow")
 
 
-def balanced(used: dict[str, int], quotas: dict[str, Quota], capacity: int, *, within: str | None = None) -> bool:
+def balanced(
+    used: dict[str, int], quotas: dict[str, Quota], capacity: int, *, within: str | None = None, cohorts: tuple[Cohort, ...] = ()
+) -> bool:
     """DESIGN §2: every quota within its capacity or borrow limit, borrowing covered by what is lent;
-    with ``within``, that quota must also stay within its own capacity."""
+    with ``within``, that quota must also stay within its own capacity. With ``cohorts``, every
+    cohort within its share plus its borrow limit and the root within its share (:func:`tree_figures`)."""
+    if cohorts:
+        return _quotas_within_limits(used, quotas, within) and sum(used.values()) <= capacity and all(
+            figure.used <= figure.share + (figure.borrow_limit if figure.borrow_limit is not None else float("inf"))
+            for figure in tree_figures(used, quotas, capacity, cohorts).values()
+        )
     common = capacity - sum(q.capacity for q in quotas.values())
     borrowed_total = lent = 0
     for name, quota in quotas.items():
@@ -37,6 +46,67 @@ def balanced(used: dict[str, int], quotas: dict[str, Quota], capacity: int, *, w
             private = quota.capacity - (quota.lend_limit if quota.lend_limit is not None else quota.capacity)
             lent += max(0, quota.capacity - max(use, private))
     return borrowed_total <= common + lent and sum(used.values()) <= capacity
+
+
+def _quotas_within_limits(used: dict[str, int], quotas: dict[str, Quota], within: str | None) -> bool:
+    for name, quota in quotas.items():
+        above = used.get(name, 0) - quota.capacity
+        if above > 0 and (quota.sharing != "lend_and_borrow" or name == within):
+            return False
+        if above > 0 and quota.borrow_limit is not None and above > quota.borrow_limit:
+            return False
+    return True
+
+
+class Figure:
+    """One cohort (or the root, ``""``): its share (what it owns plus what its children lend into it),
+    the part it keeps from its parent, and its usage (what its children use beyond the parts they keep)."""
+
+    def __init__(self, share: int, kept: int, used: int, borrow_limit: int | None) -> None:
+        self.share, self.kept, self.used, self.borrow_limit = share, kept, used, borrow_limit
+
+
+def _private(quota: Quota) -> int:
+    if quota.sharing == "reserve":
+        return quota.capacity
+    return quota.capacity - (quota.lend_limit if quota.lend_limit is not None else quota.capacity)
+
+
+def tree_figures(used: dict[str, int], quotas: dict[str, Quota], capacity: int, cohorts: tuple[Cohort, ...]) -> dict[str, Figure]:
+    """Kueue's subtree quotas and usages, computed by walking the tree from the root."""
+    figures: dict[str, Figure] = {}
+
+    def visit(name: str, own: int, lend_limit: int | None, borrow_limit: int | None) -> Figure:
+        share, usage = own, 0
+        for quota in quotas.values():
+            if (quota.cohort or "") == name:
+                share += quota.capacity - _private(quota)
+                usage += max(0, used.get(quota.name, 0) - _private(quota))
+        for cohort in cohorts:
+            if (cohort.parent or "") == name:
+                child = visit(cohort.name, cohort.capacity, cohort.lend_limit, cohort.borrow_limit)
+                share += child.share - child.kept
+                usage += max(0, child.used - child.kept)
+        kept = 0 if lend_limit is None else max(0, share - lend_limit)
+        figures[name] = Figure(share, kept, usage, borrow_limit)
+        return figures[name]
+
+    common = capacity - sum(q.capacity for q in quotas.values()) - sum(c.capacity for c in cohorts)
+    visit("", common, None, None)
+    return figures
+
+
+def members(quotas: dict[str, Quota], cohorts: tuple[Cohort, ...], name: str) -> set[str]:
+    """The quotas in cohort ``name``'s subtree."""
+    return {quota.name for quota in quotas.values() if _under(cohorts, quota.cohort, name)}
+
+
+def _under(cohorts: tuple[Cohort, ...], name: str | None, ancestor: str) -> bool:
+    """Cohort ``name`` is ``ancestor`` or below it (None, the root, is below no cohort)."""
+    parents = {c.name: c.parent for c in cohorts}
+    while name is not None and name != ancestor:
+        name = parents[name]
+    return name == ancestor
 
 
 @st.composite
@@ -83,24 +153,54 @@ def pending_jobs(draw, quota_names: list[str], *, max_gpus: int) -> list[Job]:
 
 
 @st.composite
-def states(draw, *, protections: bool = True, stopping: bool = True) -> State:
+def cohort_trees(draw, quota_list: tuple[Quota, ...]) -> tuple[tuple[Cohort, ...], tuple[Quota, ...]]:
+    """1-4 cohorts, each under the root or an earlier one, and the quotas spread over them and the root;
+    a cohort's lend limit is dropped where it is above what its subtree can lend (the file refuses it)."""
+    cohorts: list[Cohort] = []
+    for index in range(draw(st.integers(1, 4))):
+        cohorts.append(
+            Cohort(
+                name=f"c{index}",
+                parent=draw(st.sampled_from([None, *(c.name for c in cohorts)])),
+                capacity=draw(st.integers(0, 4)),
+                borrow_limit=draw(st.none() | st.integers(0, 4)),
+                lend_limit=draw(st.none() | st.integers(0, 6)),
+            )
+        )
+    quota_list = tuple(replace(q, cohort=draw(st.sampled_from([None, *(c.name for c in cohorts)]))) for q in quota_list)
+    by_name = {q.name: q for q in quota_list}
+    capacity = sum(q.capacity for q in quota_list) + sum(c.capacity for c in cohorts)
+    for index in reversed(range(len(cohorts))):  # children (later) before parents: a share counts what children lend
+        share = tree_figures({}, by_name, capacity, tuple(cohorts))[cohorts[index].name].share
+        if cohorts[index].lend_limit is not None and cohorts[index].lend_limit > share:
+            cohorts[index] = replace(cohorts[index], lend_limit=None)
+    return tuple(cohorts), quota_list
+
+
+@st.composite
+def states(draw, *, protections: bool = True, stopping: bool = True, tree: bool = False) -> State:
     quota_list = draw(quotas())
+    cohorts: tuple[Cohort, ...] = ()
+    if tree:
+        cohorts, quota_list = draw(cohort_trees(quota_list))
     if not protections:
         quota_list = tuple(
             replace(q, min_runtime_s=0.0, preemption_delay_s=0.0, on_preemption_limit="fail", preemption=replace(q.preemption, reclaim="any"))
             for q in quota_list
         )
     by_name = {q.name: q for q in quota_list}
-    capacity = max(1, sum(q.capacity for q in quota_list) + draw(st.integers(0, 4)))
+    owned = sum(q.capacity for q in quota_list) + sum(c.capacity for c in cohorts)
+    capacity = max(1, owned + draw(st.integers(0, 4)))
     used = dict.fromkeys(by_name, 0)
     physical = 0
     running = []
-    for index in range(draw(st.integers(0, 10))):
+    # A tree's reclaims need a full queue: more jobs are tried, most of them refused by the balance.
+    for index in range(draw(st.integers(0, 20 if tree else 10))):
         name = draw(st.sampled_from(sorted(by_name)))
         gpus = draw(st.integers(1, 4))
         is_stopping = stopping and draw(st.integers(0, 5)) == 0
         trial = dict(used, **{name: used[name] + gpus})
-        if physical + gpus > capacity or (not is_stopping and not balanced(trial, by_name, capacity)):
+        if physical + gpus > capacity or (not is_stopping and not balanced(trial, by_name, capacity, cohorts=cohorts)):
             continue
         physical += gpus
         if not is_stopping:
@@ -118,8 +218,10 @@ def states(draw, *, protections: bool = True, stopping: bool = True) -> State:
                 preempted_for=(f"p{draw(st.integers(0, 7))}" if is_stopping else None),
             )
         )
-    pending = draw(pending_jobs(sorted(by_name), max_gpus=5))
-    return State(capacity, quota_list, tuple(running), tuple(pending))
+    owners = sorted(name for name, quota in by_name.items() if used[name] < quota.capacity or quota.cohort is not None)
+    # A tree's waiting jobs go mostly to quotas that may reclaim: below their capacity, or in a cohort.
+    pending = draw(pending_jobs(owners if tree and owners and draw(st.booleans()) else sorted(by_name), max_gpus=5))
+    return State(capacity, quota_list, tuple(running), tuple(pending), cohorts=cohorts)
 
 
 def logical_start(state: State) -> dict[str, int]:
@@ -221,6 +323,69 @@ def test_the_same_input_always_gives_the_same_decision(state, rng: random.Random
     rng.shuffle(shuffled_pending)
     shuffled = replace(state, running=tuple(shuffled_running), pending=tuple(shuffled_pending))
     assert decide(shuffled, NOW).to_dict() == decision
+
+
+# -- hierarchical cohorts (DESIGN §2) ---------------------------------------------------------------
+
+
+@given(states(tree=True))
+def test_no_node_ever_exceeds_its_capacity_plus_its_borrow_limit(state):
+    decision = decide(state, NOW)
+    quotas_by_name = {q.name: q for q in state.quotas}
+    assert balanced(logical_end(state, decision), quotas_by_name, state.capacity, cohorts=state.cohorts)
+    jobs = {job.id: job for job in state.pending}
+    assert sum(j.gpus for j in state.running) + sum(jobs[i].gpus for i in decision.admit) <= state.capacity
+
+
+@given(states(tree=True))
+def test_no_subtree_lends_beyond_its_lend_limit(state):
+    """GPUs used outside a cohort come from what no member of it owns, plus at most its lend limit."""
+    decision = decide(state, NOW)
+    quotas_by_name = {q.name: q for q in state.quotas}
+    end = logical_end(state, decision)
+    for cohort in state.cohorts:
+        if cohort.lend_limit is None:
+            continue
+        inside = members(quotas_by_name, state.cohorts, cohort.name)
+        owned = sum(quotas_by_name[name].capacity for name in inside) + sum(
+            c.capacity for c in state.cohorts if _under(state.cohorts, c.name, cohort.name)
+        )
+        outside = sum(gpus for name, gpus in end.items() if name not in inside)
+        assert outside <= state.capacity - owned + cohort.lend_limit, (cohort, end)
+
+
+@given(states(tree=True, protections=False))
+def test_reclaim_never_preempts_inside_a_subtree_within_its_share(state):
+    """A victim of another quota's job: its quota and every cohort between it and the preemptor's
+    lowest common cohort ran above its share at some point of the cycle (the most each can have used:
+    at the start plus what it took in, less the victims taken before)."""
+    decision = decide(state, NOW)
+    quotas_by_name = {q.name: q for q in state.quotas}
+    pending_by_id = {j.id: j for j in state.pending}
+    running_by_id = {j.id: j for j in state.running}
+    most = logical_start(state)
+    for job_id in [*decision.admit, *(p.id for p in decision.pending if p.reason.startswith("waiting for"))]:
+        most[pending_by_id[job_id].quota] += pending_by_id[job_id].gpus
+    parents = {c.name: c.parent for c in state.cohorts}
+    for preemption in decision.preempt:
+        victim, preemptor = running_by_id[preemption.id], pending_by_id[preemption.for_]
+        if victim.quota != preemptor.quota:
+            figures = tree_figures(most, quotas_by_name, state.capacity, state.cohorts)
+            assert most[victim.quota] > quotas_by_name[victim.quota].capacity, preemption
+            node = quotas_by_name[victim.quota].cohort
+            while node is not None and not _under(state.cohorts, quotas_by_name[preemptor.quota].cohort, node):
+                assert figures[node].used > figures[node].share, (preemption, node)
+                node = parents[node]
+        most[victim.quota] -= victim.gpus
+
+
+@given(states(tree=True), st.randoms())
+def test_with_cohorts_the_same_input_always_gives_the_same_decision(state, rng: random.Random):
+    decision = decide(state, NOW).to_dict()
+    shuffled_running, shuffled_pending = list(state.running), list(state.pending)
+    rng.shuffle(shuffled_running)
+    rng.shuffle(shuffled_pending)
+    assert decide(replace(state, running=tuple(shuffled_running), pending=tuple(shuffled_pending)), NOW).to_dict() == decision
 
 
 # -- hosts (DESIGN §2, hosts) -----------------------------------------------------------------------
