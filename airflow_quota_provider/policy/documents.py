@@ -124,6 +124,14 @@ class _BoundedLoader(yaml.SafeLoader):
         self._depth = 0
         self._duplicates: dict[int, yaml.Node] = {}
 
+    def fetch_flow_collection_start(self, TokenClass) -> None:  # noqa: ANN001, N803
+        # The scanner looks ahead over every open flow collection ("[", "{") for a possible simple
+        # key, at a cost that grows with the square of their nesting: stop at the bound here.
+        super().fetch_flow_collection_start(TokenClass)
+        if self.flow_level > self.limits.max_depth:
+            mark = self.get_mark()
+            raise _TooDeep(f"nested deeper than {self.limits.max_depth} levels (line {mark.line + 1})")
+
     def compose_node(self, parent, index):  # noqa: ANN001 - PyYAML's signature
         self._depth += 1
         try:
@@ -186,19 +194,33 @@ def load_yaml(source: str | Path | BinaryIO, limits: Limits = QUOTA_FILE_LIMITS,
     data, name = read_bytes(source, limits, what=what)
     text = _text(data, name, what)
     loader_class = type("_Loader", (_BoundedLoader,), {"limits": limits})
-    loader = loader_class(text)
+    loader = None
     try:
+        loader = loader_class(text)  # the reader refuses control characters here
         value = loader.get_single_data()
     except (_TooDeep, _TooLarge) as error:
         raise PolicyError(name, str(error)) from None
     except yaml.YAMLError as error:
-        raise PolicyError(name, f"not valid YAML: {shorten(str(error), 300, quote=False)}") from None
+        raise PolicyError(name, f"not valid YAML: {_yaml_problem(error)}") from None
     except (RecursionError, ValueError, OverflowError) as error:  # a construct PyYAML itself cannot build
         raise PolicyError(name, f"not valid YAML: {shorten(str(error), 300, quote=False)}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     _walk(value, limits)
     return value
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's error on one line, with where it is, without the quoted snippet of the file."""
+    if isinstance(error, yaml.MarkedYAMLError):
+        what = "; ".join(part for part in (error.context, error.problem) if part) or "cannot parse"
+        mark = error.problem_mark or error.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        return shorten(what, 200, quote=False) + where
+    if isinstance(error, yaml.reader.ReaderError):
+        return f"character #x{error.character:04x} is not allowed (position {error.position})"
+    return shorten(" ".join(str(error).split()), 200, quote=False)
 
 
 # -- JSON ------------------------------------------------------------------------------------------

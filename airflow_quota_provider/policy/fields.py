@@ -33,7 +33,7 @@ class Fields:
 
     def __init__(self, data: Any, path: str) -> None:
         if not isinstance(data, Mapping):
-            raise PolicyError(path, f"expected a mapping, got {_describe(data)}")
+            raise PolicyError(path or "(the document)", f"expected a mapping, got {_describe(data)}")
         self._data = data
         self._path = path
         self._seen: set[str] = set()
