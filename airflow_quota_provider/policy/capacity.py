@@ -322,6 +322,16 @@ class TreeUsage(Usage):
             delta = max(0, after - floor) - max(0, before - floor)
         return result
 
+    def lender_depth(self, name: str, gpus: int) -> int:
+        """The depth of the lowest node on quota ``name``'s path whose share holds ``gpus`` more: the
+        level it borrows at (the quota's own depth when it borrows nothing; the root's, 0, at most)."""
+        ends_within = self.ends_within(name, gpus)
+        path = self.tree.path[name]
+        for position, within in enumerate(ends_within):
+            if within:
+                return self.tree.depth[path[0]] + 1 if position == 0 else self.tree.depth[path[position - 1]]
+        return 0
+
     def below_share(self, name: str) -> bool:
         """A reclaim could be for quota ``name`` while it or a cohort above it is below its share."""
         return self.used[name] < self.quotas[name].capacity or any(

@@ -15,6 +15,9 @@ The cycle, in order:
    is never undone by a borrower in the same cycle.
 4. Borrowing pass, in fair-share order (borrowed GPUs per unit of weight, lowest first, recomputed
    after every admission): the rest start if they may borrow, or search for victims (both phases).
+   With cohorts, jobs that borrow closer to their quota go first (within their cohort before from
+   the cohort above, as Kueue orders by the level a workload borrows at), so a reclaim at a level is
+   not undone by a borrower from higher up; then fair sharing, level by level from the top.
 5. Every job still waiting gets its position in its quota's queue and a reason (unless the caller
    asks for none).
 
@@ -301,20 +304,23 @@ class _Cycle:
                 closed.clear()
 
     def _borrowing_pass(self) -> None:
-        """Place the rest, lowest borrowed share per weight first."""
+        """Place the rest, lowest borrowed share per weight first (with cohorts: nearest level first)."""
         backlog = self.backlog
         position = dict.fromkeys(backlog.quotas(), 0)
-        heap = [(self.usage.share(name), name) for name in position]
+        tree = self.usage.tree is not None
+        key = self.usage.share if not tree else lambda name: self._tree_key(name, position[name])
+        heap = [(key(name), name) for name in position]
         heapq.heapify(heap)
         while heap:
             share, name = heapq.heappop(heap)
-            current = self.usage.share(name)
+            current = key(name)
             if current != share:  # victims elsewhere changed it since it was pushed
                 heapq.heappush(heap, (current, name))
                 continue
             entries = backlog.entries(name)
             index = position[name]
-            # A job that has to wait changes no share, so this quota stays first: go on with it.
+            # A job that has to wait changes no share, so this quota stays first: go on with it (with
+            # cohorts, the next job may borrow at another level: back to the heap).
             while index < len(entries):
                 job = entries[index][1]
                 index += 1
@@ -325,9 +331,20 @@ class _Cycle:
                 elif self._place(job, borrow=True):
                     self.handled.add(job.id)
                     break
+                elif tree:
+                    break
             position[name] = index
             if index < len(entries):
-                heapq.heappush(heap, (self.usage.share(name), name))
+                heapq.heappush(heap, (key(name), name))
+
+    def _tree_key(self, name: str, index: int) -> tuple:
+        """A quota's place in the borrowing pass with cohorts: the level its next waiting job borrows
+        at (the deepest first), then its fair-sharing share."""
+        entries = self.backlog.entries(name)
+        while index < len(entries) and entries[index][1].id in self.handled:
+            index += 1
+        gpus = entries[index][1].gpus if index < len(entries) else 0
+        return (-self.usage.lender_depth(name, gpus), self.usage.share(name))
 
     # -- why the rest wait ----------------------------------------------------------------------
 

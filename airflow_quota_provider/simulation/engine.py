@@ -35,6 +35,7 @@ from typing import Any
 
 from airflow_quota_provider.policy import Host, Job, Queue, QuotaFile, State, decide as policy_decide
 from airflow_quota_provider.policy.backlog import Backlog
+from airflow_quota_provider.policy.capacity import CohortTree
 from airflow_quota_provider.simulation.policies import PolicySetup
 from airflow_quota_provider.simulation.workload import InputError, TraceJob
 
@@ -119,10 +120,10 @@ class SimJob:
 
 
 class _Usage:
-    """One reported quota's GPUs in use and jobs waiting over time, integrated as it changes."""
+    """One reported quota's (or cohort's) GPUs in use and jobs waiting over time, integrated as it changes."""
 
     __slots__ = ("name", "capacity", "queue", "used", "pending_gpus", "pending_jobs", "last", "busy_area",
-                 "in_area", "over_area", "preemptions", "index")
+                 "in_area", "over_area", "preemptions", "index", "cohorts")
 
     def __init__(self, name: str, capacity: int, queue: "_QueueRun", index: int, start: float) -> None:
         self.name = name
@@ -137,6 +138,14 @@ class _Usage:
         self.in_area = 0.0  # GPU-seconds in use within the quota's capacity
         self.over_area = 0.0  # GPU-seconds in use above it (borrowed)
         self.preemptions = 0
+        self.cohorts: tuple[_Usage, ...] = ()
+        """A quota's cohorts, its own first: their figures change with its own."""
+
+    def change(self, now: float, gpus: int) -> None:
+        """``gpus`` more in use (fewer, when negative) from ``now`` on, here and in its cohorts."""
+        for usage in (self, *self.cohorts):
+            usage.advance(now)
+            usage.used += gpus
 
     def advance(self, now: float) -> None:
         span = now - self.last
@@ -185,6 +194,10 @@ class SimulationResult:
     quota_names: list[str] = field(default_factory=list)
     placed: bool = False
     """True when the replay had hosts: jobs were placed on them and their size was bound by them."""
+    cohorts: dict[str, _Usage] = field(default_factory=dict)
+    """Per cohort of the quota file, its subtree's usage over time (capacity: what the subtree owns)."""
+    cohort_quotas: dict[str, list[str]] = field(default_factory=dict)
+    """Per cohort, the quotas in its subtree."""
 
 
 DecideFn = Callable[[State, float], Any]
@@ -218,10 +231,18 @@ class Simulator:
         self.placed = hosts is not None
         self.queues = {q.name: _QueueRun(q, None if hosts is None else hosts[q.name]) for q in setup.quota_file.queues}
         self.usage: dict[str, _Usage] = {}
+        self.cohort_usage: dict[str, _Usage] = {}
+        """Per cohort of the quota file (whatever the policy), the GPUs of its quotas' jobs."""
         for queue in quota_file.queues:
             run = self.queues[queue.name]
+            tree = CohortTree(queue.capacity, queue.quotas, queue.cohorts) if queue.cohorts else None
+            for node, cohort in enumerate(queue.cohorts):
+                self.cohort_usage[cohort.name] = _Usage(cohort.name, tree.total[node], run, node, self.start)
             for quota in queue.quotas:
-                self.usage[quota.name] = _Usage(quota.name, quota.capacity, run, len(self.usage), self.start)
+                usage = self.usage[quota.name] = _Usage(quota.name, quota.capacity, run, len(self.usage), self.start)
+                if tree is not None:
+                    path = tree.path[quota.name][:-1]
+                    usage.cohorts = tuple(self.cohort_usage[tree.names[node]] for node in path)
         self.timeline: list[tuple[float, int, int, int]] | None = [] if record_timeline else None
         self.on_progress = on_progress
         self.progress_every = progress_every
@@ -283,8 +304,7 @@ class Simulator:
 
     def _release(self, job: SimJob, now: float) -> None:
         usage = self.usage[job.quota]
-        usage.advance(now)
-        usage.used -= job.trace.gpus
+        usage.change(now, -job.trace.gpus)
         job.queue.used -= job.trace.gpus
         if job.job.host is not None:
             job.queue.host_used[job.job.host] -= job.trace.gpus
@@ -422,8 +442,7 @@ class Simulator:
                 raise CheckError(f"policy admitted {job.trace.id!r} ({gpus} GPUs) at t={now:g}: host {host} "
                                  f"would use {run.host_used[host]} GPUs of {run.host_gpus[host]}")
         usage = self.usage[job.quota]
-        usage.advance(now)
-        usage.used += gpus
+        usage.change(now, gpus)
         self._record(usage, gpus, 0)
         job.status = "running"
         job.attempt += 1
@@ -453,7 +472,7 @@ class Simulator:
                 f"{sample.trace.id!r} ({sample.trace.gpus} GPUs, quota {sample.quota}): {reason}"
             )
         end = max((j.end for j in self.jobs.values() if j.end is not None), default=self.start)
-        for usage in self.usage.values():
+        for usage in (*self.usage.values(), *self.cohort_usage.values()):
             usage.advance(end)
         return SimulationResult(
             policy=self.setup.name,
@@ -466,4 +485,6 @@ class Simulator:
             timeline=self.timeline,
             quota_names=list(self.usage),
             placed=self.placed,
+            cohorts=self.cohort_usage,
+            cohort_quotas={name: [q for q, u in self.usage.items() if usage in u.cohorts] for name, usage in self.cohort_usage.items()},
         )

@@ -81,19 +81,13 @@ def _summary(jobs: list[SimJob], start: float, placed: bool) -> dict[str, Any]:
 
 
 def summarize(result: SimulationResult) -> dict[str, Any]:
-    """``{"overall": {...}, "quotas": {name: {...}}, "by_priority": {...}, "by_size_class": {...}}``."""
+    """``{"overall": {...}, "quotas": {name: {...}}, "by_priority": {...}, "by_size_class": {...}}``, and
+    ``"cohorts": {name: {...}}`` (the same figures over each cohort's subtree) when the file has cohorts."""
     span = result.end - result.start
     by_quota: dict[str, list[SimJob]] = {name: [] for name in result.quota_names}
     for job in result.jobs:
         by_quota[job.quota].append(job)
-    quotas: dict[str, Any] = {}
-    for name, jobs in by_quota.items():
-        usage = result.usage[name]
-        figures = _summary(jobs, result.start, result.placed)
-        figures["capacity"] = usage.capacity
-        figures["utilisation"] = _r(usage.in_area / (usage.capacity * span)) if usage.capacity and span > 0 else None
-        figures["borrowed_gpu_hours"] = _r(usage.over_area / 3600.0)
-        quotas[name] = _ordered(figures)
+    quotas = {name: _usage_figures(jobs, result.usage[name], result, span) for name, jobs in by_quota.items()}
     overall = _summary(result.jobs, result.start, result.placed)
     overall["capacity"] = result.capacity
     busy = sum(u.busy_area for u in result.usage.values())
@@ -105,9 +99,24 @@ def summarize(result: SimulationResult) -> dict[str, Any]:
         "by_priority": _groups(result.jobs, lambda j: str(j.trace.priority if j.trace.priority is not None else 0)),
         "decisions": result.decisions,
     }
+    if result.cohorts:
+        report["cohorts"] = {
+            name: _usage_figures([job for q in result.cohort_quotas[name] for job in by_quota[q]], usage, result, span)
+            for name, usage in result.cohorts.items()
+        }
     if any(j.trace.size_class for j in result.jobs):
         report["by_size_class"] = _groups(result.jobs, lambda j: j.trace.size_class or "-")
     return report
+
+
+def _usage_figures(jobs: list[SimJob], usage: Any, result: SimulationResult, span: float) -> dict[str, Any]:
+    """A quota's or a cohort's figures: its jobs', and its GPUs in use over time against its capacity
+    (a cohort's: what its subtree owns; borrowed: used above it)."""
+    figures = _summary(jobs, result.start, result.placed)
+    figures["capacity"] = usage.capacity
+    figures["utilisation"] = _r(usage.in_area / (usage.capacity * span)) if usage.capacity and span > 0 else None
+    figures["borrowed_gpu_hours"] = _r(usage.over_area / 3600.0)
+    return _ordered(figures)
 
 
 def _groups(jobs: Iterable[SimJob], key) -> dict[str, Any]:

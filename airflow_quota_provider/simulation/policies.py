@@ -27,10 +27,11 @@ class PolicySetup:
 
 
 def static_quota_file(quota_file: QuotaFile) -> QuotaFile:
-    """Airflow pools today: each quota gets its own capacity and nothing else, and nobody is preempted."""
+    """Airflow pools today: each quota gets its own capacity and nothing else (no cohorts), and nobody is
+    preempted."""
     queues = tuple(
-        replace(queue, quotas=tuple(
-            replace(q, sharing="reserve", borrow_limit=None, lend_limit=None, preemption=NO_PREEMPTION)
+        replace(queue, cohorts=(), quotas=tuple(
+            replace(q, sharing="reserve", borrow_limit=None, lend_limit=None, preemption=NO_PREEMPTION, cohort=None)
             for q in queue.quotas
         ))
         for queue in quota_file.queues

@@ -92,7 +92,7 @@ def tree_figures(used: dict[str, int], quotas: dict[str, Quota], capacity: int, 
         return figures[name]
 
     common = capacity - sum(q.capacity for q in quotas.values()) - sum(c.capacity for c in cohorts)
-    visit("", common, None, None)
+    visit("", common, None, 0)  # the root borrows from nobody
     return figures
 
 

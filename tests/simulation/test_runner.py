@@ -228,3 +228,21 @@ def test_hosts_are_both_given_or_neither_and_make_each_queues_capacity(hosts_per
     with pytest.raises(InputError) as error:
         simulate(quota_file(two_quotas()), RECLAIM_JOBS, hosts_per_queue=hosts_per_queue, gpus_per_host=gpus_per_host)
     assert str(error.value).startswith(message)
+
+
+def test_cohorts_get_figures_of_their_own_and_a_team_reclaims_its_cohorts_capacity():
+    """Team a owns nothing, its cohort ml owns 4: b borrows them from t=0, a1 takes them back at 250
+    (grace 30 s), exactly as a quota of its own would (test_borrow_then_reclaim_exact_figures)."""
+    config = two_quotas(each=4)
+    config["queues"][0]["cohorts"] = [{"name": "ml", "capacity": 4}]
+    config["queues"][0]["quotas"][0].update(capacity=0, cohort="ml")
+    report = simulate(quota_file(config), RECLAIM_JOBS, ["quota", "static"], checkpoint_interval_s=100).report
+    ml = report["policies"]["quota"]["cohorts"]["ml"]
+    assert {key: ml[key] for key in ("jobs", "capacity", "utilisation", "borrowed_gpu_hours", "preemptions", "makespan_s")} == {
+        "jobs": 1, "capacity": 4, "utilisation": round(400 / (4 * 1180), 6), "borrowed_gpu_hours": 0.0,
+        "preemptions": 0, "makespan_s": 380.0,
+    }
+    assert figures(report, "quota", "b")["preemptions"] == 1
+    # Airflow pools have no cohorts: a team without a capacity of its own never runs
+    assert figures(report, "static", "a")["rejected"] == 1
+    assert report["policies"]["static"]["cohorts"]["ml"]["utilisation"] == 0.0
