@@ -91,6 +91,17 @@ def get_provider_info():
                         "example": "/var/lib/airflow/quota",
                         "default": "",
                     },
+                    "process_cgroups": {
+                        "description": "auto: contain each local launch's processes in a cgroup v2 of "
+                        "its own where the kernel lets the scheduler make one below its own cgroup (its "
+                        "devices are then free only when the cgroup is empty, and a kill reaches every "
+                        "process, even one a killed supervisor left behind); off: the subreaper alone "
+                        "(the task supervisor adopts and ends what its task leaves behind).",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "off",
+                        "default": "auto",
+                    },
                     "checkpoint_root": {
                         "description": "Where quota tasks keep their checkpoints, so that a run "
                         "rescheduled onto another GPU host resumes from them: a task instance's "

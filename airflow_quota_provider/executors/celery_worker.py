@@ -16,6 +16,10 @@ worker's main process. Each host consumes a Celery queue of its own (:func:`host
   launch; the GPUs, not the pool, gate what runs.
 - ``quota_notify`` writes a preemption notice where the task polls for it (``QUOTA_PREEMPT_FILE``).
 - ``quota_kill`` kills what a launch's worker process started (the task and its descendants).
+
+The pool process is a child subreaper while it runs a launch, so what the task starts in sessions of
+its own stays its descendant; when the task is done it ends all of it (:func:`end_descendants`)
+before it records the launch's end, which is what frees the GPUs.
 """
 
 from __future__ import annotations
@@ -30,7 +34,14 @@ from celery.signals import worker_process_init
 from celery.worker.control import control_command
 
 from airflow.providers.celery.executors.celery_executor_utils import app
-from airflow_quota_provider.executors.local_launcher import LocalLauncher, _children, _stat_field, become_subreaper, kill_tree
+from airflow_quota_provider.executors.containment import (
+    become_subreaper,
+    children as _children,
+    end_descendants,
+    kill_tree,
+    stat_field as _stat_field,
+)
+from airflow_quota_provider.executors.local_launcher import LocalLauncher
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +101,7 @@ def execute_quota_workload(self, workload_json: str, job_id: int, env: dict[str,
         done.set()
         os.environ.clear()
         os.environ.update(saved)
-        for child in _children(os.getpid()) or ():
-            kill_tree(int(child))
-        _reap()
+        end_descendants()  # nothing the task started outlives its launch: SIGTERM, grace, SIGKILL
         with create_session() as session:
             end_launch(handle, rc=rc, session=session)
     return rc
@@ -115,15 +124,6 @@ def _report_task_exit(handle: str, done: threading.Event) -> None:
                     task_exited(handle, session=session)
             except Exception:
                 log.warning("[%s] could not record that the task exited", handle, exc_info=True)
-            return
-
-
-def _reap() -> None:
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
-        except ChildProcessError:
             return
 
 

@@ -9,25 +9,40 @@ The forked child is the Airflow task supervisor, and the task runs in the superv
 process. The supervisor may notice that child's exit up to ``[workers] min_heartbeat_interval``
 (5 s) late: when the task's sockets reach EOF a moment before the kernel reports its exit, it
 sleeps a full heartbeat interval before looking again. :meth:`LocalLauncher.task_exited` sees the
-exit at once, so that the GPUs are not held idle meanwhile. The supervisor is made a child
-subreaper, so that processes the task started (a training command in a session of its own, say)
-stay its descendants after the task exits: the GPUs are free only when all of them are gone.
+exit at once, so that the GPUs are not held idle meanwhile.
+
+Every process a job starts is contained (:mod:`.containment`): the forked child enters a cgroup of
+its own where the kernel allows it (``[quota] process_cgroups``), and is a child subreaper in any
+case, so that processes the task started (a training command in a session of its own, say) stay
+its descendants after the task exits. When the task is done the child ends what is left (SIGTERM,
+then SIGKILL) before it exits, and the launcher reports a launch as running while anything of it
+lives (its cgroup is populated, or its supervisor runs): the GPUs are free only when all are gone.
+The exit file is written atomically, and the supervisor's exit status stands in for it when the job
+directory was deleted under a running task.
 """
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from airflow_quota_provider.executors.containment import (
+    JobCgroup,
+    become_subreaper,
+    children as _children,
+    end_descendants,
+    kill_tree,
+    stat_field as _stat_field,
+)
 from airflow_quota_provider.executors.launcher import HostDevices, Liveness, Status
 
 if TYPE_CHECKING:
@@ -41,7 +56,8 @@ log = logging.getLogger(__name__)
 PID_FILE = "pid"
 EXIT_FILE = "exit-{pid}"  # one per launch: a supervisor still finishing never writes a newer launch's
 PREEMPT_FILE = "preempt.json"
-PR_SET_CHILD_SUBREAPER = 36
+UNKNOWN = -2
+"""Exit status of a child whose status could not be collected."""
 
 
 @dataclass(frozen=True)
@@ -49,16 +65,6 @@ class ExitInfo:
     """How a task process ended: ``rc`` from the supervisor, or None when it was killed."""
 
     rc: int | None
-
-
-def _stat_field(pid: int | str, index: int) -> str | None:
-    """Field ``index`` after the command name of ``/proc/PID/stat`` (0: state, 19: start time), or
-    None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[index]
-    except (OSError, IndexError):
-        return None
 
 
 def _proc_start_time(pid: int) -> str | None:
@@ -72,11 +78,21 @@ class LocalLauncher:
     places_on_hosts = False
     HOST = "local"
 
-    def __init__(self, state_dir: Path, devices: list[str] | None = None) -> None:
+    def __init__(self, state_dir: Path, devices: list[str] | None = None, *, cgroups: bool | None = None) -> None:
+        """``cgroups``: contain each launch in a cgroup v2 where the kernel allows it; None reads
+        ``[quota] process_cgroups`` (``auto``, the default, or ``off``: the subreaper alone)."""
         self.state_dir = state_dir
         self.devices = list(devices or [])
+        if cgroups is None:
+            from airflow.configuration import conf
+
+            cgroups = conf.get("quota", "process_cgroups", fallback="auto").strip().lower() != "off"
+        self.use_cgroups = cgroups
         self._children: dict[int, int] = {}
-        """pid -> exit status for processes this scheduler forked (reaped with waitpid)."""
+        """pid -> exit status for processes this scheduler forked (reaped with waitpid): -1 while
+        it runs, :data:`UNKNOWN` when it could not be collected."""
+        self._cgroups: dict[int, JobCgroup] = {}
+        """pid -> the cgroup of a launch this scheduler made (adopted launches: from the pid file)."""
         self._lingering: set[int] = set()
         """Forgotten children still finishing (see :meth:`task_exited`); reaped when they exit."""
 
@@ -105,7 +121,16 @@ class LocalLauncher:
         out = {}
         for handle in handles:
             job_id, pid = _parse(handle)
+            cgroup = self.cgroup(job_id, pid)
             if not self.alive(job_id, pid):
+                if cgroup is not None and cgroup.populated():
+                    # The supervisor was killed and something of the job lives on: end it, and
+                    # hold the devices until it is gone.
+                    cgroup.kill()
+                    out[handle] = Status(Liveness.RUNNING)
+                    continue
+                if cgroup is not None:
+                    cgroup.remove()
                 out[handle] = Status(Liveness.ENDED, self.exit_info(job_id, pid).rc)
             elif self.task_exited(pid):
                 out[handle] = Status(Liveness.TASK_EXITED)
@@ -117,19 +142,29 @@ class LocalLauncher:
         self.write_preempt_notice(_parse(handle)[0], notice)
 
     def kill(self, handle: str, *, session: Session) -> None:
-        kill_tree(_parse(handle)[1])
+        self.kill_job(*_parse(handle))
 
     def forget(self, handle: str, *, session: Session) -> None:
-        self.forget_pid(_parse(handle)[1])
+        job_id, pid = _parse(handle)
+        cgroup = self._cgroups.pop(pid, None)
+        if cgroup is not None:
+            cgroup.remove()
+        self.forget_pid(pid)
 
     # -- processes ----------------------------------------------------------------------------
 
     def fork(self, job_id: int, workload: ExecuteTask, env: dict[str, str]) -> int:
         """Fork a child that runs the Airflow task supervisor for ``workload`` with ``env`` set."""
+        return self.start(job_id, lambda: _run_workload(workload), env)
+
+    def start(self, job_id: int, run: Callable[[], int], env: dict[str, str]) -> int:
+        """Fork a contained child that calls ``run`` (the task supervisor) with ``env`` set, ends
+        what ``run`` left behind, and records ``run``'s exit code; returns the child's pid."""
         job_dir = self.job_dir(job_id)
         job_dir.mkdir(parents=True, exist_ok=True)
         for path in (job_dir / PID_FILE, job_dir / PREEMPT_FILE, *job_dir.glob(EXIT_FILE.format(pid="*"))):
             path.unlink(missing_ok=True)
+        cgroup = JobCgroup.create(f"job-{job_id}-{time.time_ns()}") if self.use_cgroups else None
         sys.stdout.flush()
         sys.stderr.flush()
         # Like LocalExecutor: freeze the GC across the fork so that the child's collections do not
@@ -138,12 +173,35 @@ class LocalLauncher:
         try:
             pid = os.fork()
             if pid == 0:  # pragma: no cover - runs in the child
-                _child_main(workload, job_dir, env)
+                _child_main(run, job_dir, env, cgroup)
         finally:
             gc.unfreeze()
         self._children[pid] = -1
-        (job_dir / PID_FILE).write_text(json.dumps({"pid": pid, "start": _proc_start_time(pid)}))
+        if cgroup is not None and cgroup.add(pid):  # the child adds itself too, before it starts anything
+            self._cgroups[pid] = cgroup
+        recorded = {"pid": pid, "start": _proc_start_time(pid), "cgroup": str(cgroup.path) if pid in self._cgroups else None}
+        _write_atomically(job_dir / PID_FILE, json.dumps(recorded))
         return pid
+
+    def cgroup(self, job_id: int, pid: int) -> JobCgroup | None:
+        """The cgroup of the launch ``pid`` of ``job_id``, if it has one (adopted: from the pid file)."""
+        if pid in self._cgroups or pid in self._children:
+            return self._cgroups.get(pid)
+        try:
+            recorded = json.loads((self.job_dir(job_id) / PID_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        if recorded.get("pid") != pid or not recorded.get("cgroup"):
+            return None
+        self._cgroups[pid] = JobCgroup(Path(recorded["cgroup"]))
+        return self._cgroups[pid]
+
+    def kill_job(self, job_id: int, pid: int) -> None:
+        """SIGKILL everything the launch started: its whole cgroup, or its stopped process tree."""
+        cgroup = self.cgroup(job_id, pid)
+        if cgroup is not None:
+            cgroup.kill()
+        kill_tree(pid)
 
     def reap(self) -> None:
         """Collect exit statuses of our own children so that they do not linger as zombies."""
@@ -159,7 +217,7 @@ class LocalLauncher:
             try:
                 done, code = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
-                self._children[pid] = 255
+                self._children[pid] = UNKNOWN
                 continue
             if done:
                 self._children[pid] = os.waitstatus_to_exitcode(code)
@@ -193,11 +251,15 @@ class LocalLauncher:
         return all(_stat_field(child, 0) in (None, "Z") for child in children)  # a zombie has exited
 
     def exit_info(self, job_id: int, pid: int) -> ExitInfo:
+        """The supervisor's exit code from its exit file, or, for a child of this scheduler whose
+        file is missing (its job directory was deleted), from its exit status; None when killed."""
         path = self.job_dir(job_id) / EXIT_FILE.format(pid=pid)
         try:
             return ExitInfo(rc=int(json.loads(path.read_text())["rc"]))
-        except (OSError, ValueError, KeyError):
-            return ExitInfo(rc=None)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        status = self._children.get(pid, UNKNOWN)
+        return ExitInfo(rc=status if status >= 0 else None)  # negative: killed by a signal
 
     def forget_pid(self, pid: int | None) -> None:
         """Stop tracking ``pid``; one of our children that still runs is reaped when it exits."""
@@ -206,11 +268,17 @@ class LocalLauncher:
 
     def write_preempt_notice(self, job_id: int, notice: dict) -> Path:
         path = self.preempt_file(job_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(notice))
-        os.replace(tmp, path)
+        _write_atomically(path, json.dumps(notice))
         return path
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: a reader sees
+    the whole file or none. The directory is made again if someone deleted it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _parse(handle: str) -> tuple[int, int]:
@@ -218,41 +286,22 @@ def _parse(handle: str) -> tuple[int, int]:
     return int(job_id), int(pid)
 
 
-def kill_tree(pid: int | None) -> None:
-    """SIGKILL the process ``pid`` and every descendant (the task runs in a process group of its
-    own, and what it starts may be in sessions of their own), children first."""
-    if pid is None:
-        return
-    tree, index = [pid], 0
-    while index < len(tree):  # collected before any is killed: orphans would leave the tree
-        tree.extend(int(child) for child in _children(tree[index]) or ())
-        index += 1
-    for member in reversed(tree):
-        try:
-            os.kill(member, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+def _run_workload(workload: ExecuteTask) -> int:  # pragma: no cover - runs in the child
+    from airflow.executors.base_executor import BaseExecutor
+
+    rc = BaseExecutor.run_workload(
+        workload,
+        subprocess_logs_to_stdout=True,
+        proctitle=f"airflow worker -- QuotaExecutor: {workload.display_name}",
+    )
+    return int(rc or 0)
 
 
-def _children(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return f.read().split()
-    except OSError:
-        return None
-
-
-def become_subreaper() -> None:
-    """Orphaned descendants of this process are re-parented to it rather than to init (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: task_exited then sees only the task itself
-
-
-def _child_main(workload: ExecuteTask, job_dir: Path, env: dict[str, str]) -> None:  # pragma: no cover
+def _child_main(run: Callable[[], int], job_dir: Path, env: dict[str, str], cgroup: JobCgroup | None) -> None:  # pragma: no cover
     rc = 1
     try:
+        if cgroup is not None:
+            cgroup.add(os.getpid())  # before anything is started: every descendant inherits it
         os.setsid()
         become_subreaper()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGCHLD):
@@ -265,19 +314,16 @@ def _child_main(workload: ExecuteTask, job_dir: Path, env: dict[str, str]) -> No
         except Exception:
             pass
         os.environ.update(env)
-        from airflow.executors.base_executor import BaseExecutor
-
-        rc = BaseExecutor.run_workload(
-            workload,
-            subprocess_logs_to_stdout=True,
-            proctitle=f"airflow worker -- QuotaExecutor: {workload.display_name}",
-        )
-        rc = int(rc or 0)
+        rc = run()
     except BaseException:
         logging.getLogger(__name__).exception("Task supervisor failed")
         rc = 1
     finally:
         try:
-            (job_dir / EXIT_FILE.format(pid=os.getpid())).write_text(json.dumps({"rc": rc}))
+            end_descendants()  # nothing the task started outlives this process
+        except BaseException:
+            logging.getLogger(__name__).exception("Could not end what the task left behind")
+        try:
+            _write_atomically(job_dir / EXIT_FILE.format(pid=os.getpid()), json.dumps({"rc": rc}))
         finally:
             os._exit(rc if 0 <= rc < 256 else 1)

@@ -3,6 +3,9 @@ launcher tells that a task's process has ended."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -12,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from airflow_quota_provider.executors.config import QuotaConfigError, discover_devices, load_config
+from airflow_quota_provider.executors.containment import LEFTOVER_GRACE_S, JobCgroup
+from airflow_quota_provider.executors.launcher import Liveness
 from airflow_quota_provider.executors.local_launcher import LocalLauncher, kill_tree
 
 
@@ -100,7 +105,7 @@ def test_the_task_process_is_seen_gone_while_its_supervisor_still_lingers(tmp_pa
     supervisor = _supervisor("import time; time.sleep(1)")
     try:
         task = int(supervisor.stdout.readline())
-        launcher = LocalLauncher(tmp_path)
+        launcher = LocalLauncher(tmp_path, cgroups=False)
         assert not launcher.task_exited(supervisor.pid)
         _wait_until(lambda: _state(task) == "Z", "the task process to exit")
         assert supervisor.poll() is None
@@ -121,7 +126,7 @@ def test_the_gpus_stay_taken_while_a_process_the_task_started_outlives_it(tmp_pa
     try:
         task = int(supervisor.stdout.readline())
         left = int(supervisor.stdout.readline())
-        launcher = LocalLauncher(tmp_path)
+        launcher = LocalLauncher(tmp_path, cgroups=False)
         _wait_until(lambda: _state(task) in ("Z", "gone"), "the task process to exit")
         assert _state(left) not in ("Z", "gone")
         assert not launcher.task_exited(supervisor.pid), "adopted by the supervisor: still counted"
@@ -141,8 +146,120 @@ def test_kill_reaches_what_the_task_started_in_a_session_of_its_own(tmp_path):
 
 
 def test_an_exit_code_belongs_to_the_launch_that_wrote_it(tmp_path):
-    launcher = LocalLauncher(tmp_path)
+    launcher = LocalLauncher(tmp_path, cgroups=False)
     launcher.job_dir(7).mkdir(parents=True)
     (launcher.job_dir(7) / "exit-100").write_text('{"rc": 0}')  # a supervisor that finished late
     assert launcher.exit_info(7, 100).rc == 0
     assert launcher.exit_info(7, 200).rc is None, "the newer launch was killed: no exit code of its own"
+
+
+# -- containment: nothing a job started outlives it, and its GPUs stay taken until all is gone ----
+
+ESCAPES_AND_IGNORES_SIGTERM = (
+    "trap '' TERM; echo $$ > {pidfile}; while :; do sleep 0.1; done"
+)
+
+
+def _escape(pidfile: Path) -> int:
+    """The task: starts a child in a session of its own that ignores SIGTERM, and returns 0 at once."""
+    subprocess.Popen(["sh", "-c", ESCAPES_AND_IGNORES_SIGTERM.format(pidfile=pidfile)], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        if time.monotonic() > deadline:
+            return 3
+        time.sleep(0.02)
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in ("Z", "gone")
+
+
+def _escaped_alive(escaped: Path) -> bool:
+    text = escaped.read_text().strip() if escaped.exists() else ""
+    return bool(text) and _alive(int(text))
+
+
+def _watch_until_ended(launcher: LocalLauncher, handle: str, escaped: Path, timeout: float = 30.0):
+    """Poll the launcher as the executor does until it says the launch ended; returns the status,
+    the seconds it took and, for every poll, (liveness, whether the escaped process was alive)."""
+    start, seen = time.monotonic(), []
+    while time.monotonic() - start < timeout:
+        status = launcher.status({handle: 1}, session=None)[handle]
+        seen.append((status.liveness.value, _escaped_alive(escaped)))
+        if status.liveness == Liveness.ENDED:
+            return status, time.monotonic() - start, seen
+        time.sleep(0.05)
+    raise AssertionError(f"the launch never ended: {seen[-5:]}")
+
+
+def _devices_free_while_escaped_alive(seen) -> list:
+    """Polls at which the executor could free the GPUs (ended; task exited, once the try ended)
+    while the escaped process still ran."""
+    return [poll for poll in seen if poll[0] in ("ended", "task_exited") and poll[1]]
+
+
+CONTAINMENT = [
+    pytest.param(True, id="cgroup"),
+    pytest.param(False, id="subreaper"),
+]
+
+
+def _needs(cgroups: bool) -> None:
+    if cgroups and JobCgroup.create("probe") is None:
+        pytest.skip("this kernel does not let us make a cgroup v2 here; the subreaper case covers it")
+    if cgroups:
+        JobCgroup.create("probe").remove()
+
+
+@pytest.mark.parametrize("cgroups", CONTAINMENT)
+def test_a_process_the_task_left_in_its_own_session_ignoring_sigterm_ends_before_the_gpus_are_free(tmp_path, cgroups):
+    _needs(cgroups)
+    launcher = LocalLauncher(tmp_path, cgroups=cgroups)
+    escaped = tmp_path / "escaped.pid"
+    pid = launcher.start(1, lambda: _escape(escaped), {})
+    status, seconds, seen = _watch_until_ended(launcher, f"1:{pid}", escaped)
+    assert any(alive for _, alive in seen), "the escape happened"
+    assert not _devices_free_while_escaped_alive(seen), "the GPUs would be freed while the escaped process runs"
+    assert status.rc == 0
+    assert seconds >= LEFTOVER_GRACE_S - 0.5, "SIGTERM is ignored: only the SIGKILL after the grace ends it"
+    assert (pid in launcher._cgroups) == cgroups
+
+
+@pytest.mark.parametrize("cgroups", CONTAINMENT)
+def test_kill_ends_a_process_that_escaped_into_its_own_session(tmp_path, cgroups):
+    _needs(cgroups)
+    launcher = LocalLauncher(tmp_path, cgroups=cgroups)
+    escaped = tmp_path / "escaped.pid"
+    pid = launcher.start(1, lambda: _escape(escaped) or time.sleep(600) or 0, {})
+    _wait_until(lambda: escaped.exists() and escaped.read_text().strip(), "the escape")
+    launcher.kill(f"1:{pid}", session=None)
+    status, _, seen = _watch_until_ended(launcher, f"1:{pid}", escaped)
+    assert not _devices_free_while_escaped_alive(seen) and status.rc is None
+
+
+def test_with_a_cgroup_a_killed_supervisor_does_not_lose_what_it_started(tmp_path):
+    """The supervisor dies from outside (say the OOM killer): its orphans go to init, out of its
+    process tree, but not out of its cgroup; the launch is running until they are gone."""
+    _needs(True)
+    launcher = LocalLauncher(tmp_path, cgroups=True)
+    escaped = tmp_path / "escaped.pid"
+    pid = launcher.start(1, lambda: _escape(escaped) or time.sleep(600) or 0, {})
+    _wait_until(lambda: escaped.exists() and escaped.read_text().strip(), "the escape")
+    os.kill(pid, signal.SIGKILL)
+    status, _, seen = _watch_until_ended(launcher, f"1:{pid}", escaped)
+    assert not _devices_free_while_escaped_alive(seen) and status.rc is None
+    assert ("running", True) in seen
+
+
+def test_a_job_directory_deleted_under_a_running_task_does_not_make_its_success_a_kill(tmp_path):
+    launcher = LocalLauncher(tmp_path, cgroups=False)
+
+    def task() -> int:
+        shutil.rmtree(launcher.job_dir(1))
+        return 0
+
+    pid = launcher.start(1, task, {})
+    _wait_until(lambda: launcher.status({f"1:{pid}": 1}, session=None)[f"1:{pid}"].liveness == Liveness.ENDED, "the end")
+    assert launcher.exit_info(1, pid).rc == 0
+    assert [p.name for p in launcher.job_dir(1).iterdir()] == [f"exit-{pid}"]  # written whole, no temporary left

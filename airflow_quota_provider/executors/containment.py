@@ -1,0 +1,231 @@
+"""Every process a job starts ends with the job, and the job's GPUs are free only once all are gone.
+
+A task's command may start processes in sessions of their own (``setsid``) that ignore SIGTERM; a
+signal to the task's process group does not reach them, and once their parents are gone they are
+re-parented away from the task. Two ways to keep hold of them, both used by the launchers:
+
+- **A cgroup v2 per launch** (:class:`JobCgroup`), where the kernel lets this process create one
+  below its own cgroup (root, or a delegated subtree): the launched process enters it before it
+  starts anything, every descendant inherits it and none can leave it unprivileged. The cgroup
+  says whether anything of the job still lives (``cgroup.events``: ``populated``) even after the
+  supervisor itself was killed, and ``cgroup.kill`` ends all of it at once.
+- **The subreaper** (:func:`become_subreaper`), always: orphans of the job are re-parented to the
+  launched process instead of init, so they stay its descendants. When the task is done, the
+  launched process ends what is left (:func:`end_descendants`: SIGTERM, a grace period, SIGKILL)
+  before it exits, so that its own exit means the whole tree is gone. Without a cgroup, a
+  supervisor killed from outside loses its orphans to init; :func:`kill_tree` stops the whole tree
+  before killing it, so that nothing forks away while it is being killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import signal
+import time
+from functools import lru_cache
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PR_SET_CHILD_SUBREAPER = 36
+LEFTOVER_GRACE_S = 5.0
+"""What a process the task left behind gets between SIGTERM and SIGKILL once the task is done (as
+Airflow's supervisor gives its task)."""
+CGROUP_DIR = "airflow-quota-jobs"
+"""The cgroup, below this process's own, that holds one cgroup per launch."""
+
+
+# -- the process tree (/proc) --------------------------------------------------------------------
+
+
+def stat_field(pid: int | str, index: int) -> str | None:
+    """Field ``index`` after the command name of ``/proc/PID/stat`` (0: state, 19: start time), or
+    None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[index]
+    except (OSError, IndexError):
+        return None
+
+
+def children(pid: int | str) -> list[str] | None:
+    """The pids of ``pid``'s children; None where the kernel does not list them."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return f.read().split()
+    except OSError:
+        return None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid``, parents before their children."""
+    tree, index = [pid], 0
+    while index < len(tree):
+        tree.extend(int(child) for child in children(tree[index]) or ())
+        index += 1
+    return tree[1:]
+
+
+def _live(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if stat_field(pid, 0) not in (None, "Z")]  # a zombie has exited
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def kill_tree(pid: int | None, *, include_root: bool = True) -> None:
+    """SIGKILL ``pid`` (unless ``include_root`` is False) and every descendant.
+
+    The tree is stopped (SIGSTOP) until no new member appears, then killed: a process cannot fork
+    away, or be re-parented out of the tree, between the moment it is seen and the moment it dies.
+    """
+    if pid is None:
+        return
+    seen: list[int] = []
+    for _ in range(100):  # each round stops what the previous one missed; forks cannot outrun it
+        tree = ([pid] if include_root else []) + descendants(pid)
+        new = [member for member in tree if member not in seen]
+        if not new:
+            break
+        _signal(new, signal.SIGSTOP)
+        seen.extend(new)
+    _signal(list(reversed(seen)), signal.SIGKILL)
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants of this process are re-parented to it rather than to init (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the process tree is then only what /proc still links to this process
+
+
+def reap_children() -> None:
+    """Collect every exited child of this process (a subreaper inherits orphans to reap)."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def end_descendants(grace_s: float = LEFTOVER_GRACE_S) -> None:
+    """End every descendant of this process (a subreaper whose task is done): SIGTERM, up to
+    ``grace_s`` to exit, then SIGKILL; returns once none is left."""
+    me = os.getpid()
+    left = _live(descendants(me))
+    if not left:
+        reap_children()
+        return
+    log.warning("The task left %d process(es) behind (%s): ending them", len(left), ", ".join(map(str, left)))
+    _signal(left, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _live(descendants(me)) and time.monotonic() < deadline:
+        reap_children()
+        time.sleep(0.05)
+    while _live(descendants(me)):
+        kill_tree(me, include_root=False)
+        reap_children()
+        time.sleep(0.01)
+    reap_children()
+
+
+# -- cgroup v2 ------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _cgroup_base() -> Path | None:
+    """This process's own cgroup v2 directory, or None without a cgroup v2 hierarchy."""
+    mount = None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split()[:1] == ["cgroup2"]:
+                    mount = left.split()[4]
+                    break
+        with open("/proc/self/cgroup") as f:
+            own = next((line.strip()[3:] for line in f if line.startswith("0::")), None)
+    except OSError:
+        return None
+    if mount is None or own is None:
+        return None
+    return Path(mount + own.rstrip("/")) if own != "/" else Path(mount)
+
+
+class JobCgroup:
+    """The cgroup v2 of one launch: ``<own cgroup>/airflow-quota-jobs/<name>``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, name: str) -> JobCgroup | None:
+        """A new empty cgroup, or None where the kernel does not let this process make one."""
+        base = _cgroup_base()
+        if base is None:
+            return None
+        path = base / CGROUP_DIR / name
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            if not (path / "cgroup.procs").exists():
+                raise OSError(errno.ENOENT, "not a cgroup")
+        except OSError as e:
+            log.info("No cgroup for task processes (%s: %s); their subreaper keeps them", path, e)
+            return None
+        return cls(path)
+
+    def add(self, pid: int) -> bool:
+        """Move ``pid`` into the cgroup; False when the kernel refuses."""
+        try:
+            (self.path / "cgroup.procs").write_text(str(pid))
+            return True
+        except OSError:
+            return False
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(pid) for pid in (self.path / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def populated(self) -> bool:
+        """Whether a process of the job (a zombie not yet reaped counts) still lives in it."""
+        try:
+            for line in (self.path / "cgroup.events").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "populated":
+                    return value.strip() == "1"
+        except OSError:
+            pass
+        return bool(self.pids())
+
+    def kill(self) -> None:
+        """SIGKILL every process in the cgroup at once (``cgroup.kill``, Linux 5.14); older kernels:
+        freeze it, then kill each process."""
+        try:
+            (self.path / "cgroup.kill").write_text("1")
+            return
+        except OSError:
+            pass
+        frozen = False
+        with contextlib.suppress(OSError):
+            (self.path / "cgroup.freeze").write_text("1")
+            frozen = True
+        _signal(self.pids(), signal.SIGKILL)
+        if frozen:
+            with contextlib.suppress(OSError):
+                (self.path / "cgroup.freeze").write_text("0")
+
+    def remove(self) -> None:
+        """Delete the cgroup once it is empty (it stays while anything lives in it)."""
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
