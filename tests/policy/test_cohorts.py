@@ -49,6 +49,13 @@ ADMISSION = [
         ["j2"],
         id="lend limits hold at every level of the tree",
     ),
+    pytest.param(
+        # root: ml(4){t1 0}, b 4: both borrow, t1a within its cohort, b1 from the root (what ml lends)
+        queue(8).cohort("ml", capacity=4).quota("t1", 0, cohort="ml").quota("b", 4)
+        .wait("b1", "b", 8, 9, submitted_at=0).wait("t1a", "t1", 4, 0, submitted_at=5).build(),
+        ["t1a"],
+        id="a job borrowing within its cohort goes before one borrowing from higher up",
+    ),
 ]
 
 
