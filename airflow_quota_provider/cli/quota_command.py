@@ -11,6 +11,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from airflow.utils.cli import suppress_logs_and_warning
 from airflow.utils.session import create_session
+from airflow_quota_provider.models.base import PRIORITY_MAX, PRIORITY_MIN
 from airflow_quota_provider.models.job import (
     JobNotFound,
     JobState,
@@ -142,6 +143,8 @@ def set_priority(args) -> None:
         from airflow_quota_provider.cli import aws_command
 
         return aws_command.set_priority(args)
+    if not PRIORITY_MIN <= args.priority <= PRIORITY_MAX:
+        raise SystemExit(f"Error: priority: {args.priority} is not an integer from {PRIORITY_MIN} to {PRIORITY_MAX}")
     quota_file = _quota_file()
     with create_session() as session:
         try:

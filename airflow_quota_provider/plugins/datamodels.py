@@ -9,11 +9,8 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, ConfigDict, Field
 
 from airflow.api_fastapi.core_api.base import BaseModel, StrictBaseModel
+from airflow_quota_provider.models.base import PRIORITY_MAX, PRIORITY_MIN
 
-PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
-"""Priorities are 32-bit signed integers: the range of Airflow's own ``priority_weight``
-(``DB_SAFE_MINIMUM``/``DB_SAFE_MAXIMUM``), which a task's priority comes from, and of the job table's
-``priority`` column on every database Airflow supports."""
 
 
 class QueueResponse(BaseModel):

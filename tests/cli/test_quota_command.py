@@ -22,3 +22,14 @@ def test_status_without_the_quota_tables_says_to_run_db_migrate(tmp_path):
     assert result.returncode == 1
     assert "Error: cannot read the quota tables" in result.stderr and "airflow db migrate" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_set_priority_refuses_a_priority_beyond_32_bits_as_the_rest_api_does(tmp_path):
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__QUOTA__QUOTA_FILE": str(EXAMPLE),
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    airflow = Path(sys.executable).with_name("airflow")
+    result = subprocess.run([str(airflow), "quota", "set-priority", "d", "r", "t", "2147483648"],
+                            env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1
+    assert "Error: priority: 2147483648 is not an integer from -2147483648 to 2147483647" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
