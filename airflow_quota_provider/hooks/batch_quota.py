@@ -140,8 +140,16 @@ def quota_share_specs(queue: Queue, *, path: str = "queue") -> list[QuotaShareSp
       ENABLED). AWS always reclaims lent capacity whatever the borrower's priority, which is our
       ``reclaim: any``; ``lend_limit``, ``borrow_within`` and ``lower_or_newer_equal_priority`` have no
       AWS counterpart and are refused.
+    * ``cohorts`` are refused: AWS Batch quota shares are one flat list per job queue, and no
+      flattening keeps what a tree guarantees (a cohort's own capacity, its limits, reclaim by level).
     """
     quotas = tuple(queue.quotas)
+    if queue.cohorts:
+        raise PolicyError(
+            f"{path}.cohorts",
+            "AWS Batch quota shares are flat: a job queue's shares cannot be grouped in cohorts; "
+            "give this queue a file without cohorts for the aws-batch backend",
+        )
     if len(quotas) > MAX_QUOTA_SHARES_PER_QUEUE:
         raise PolicyError(
             f"{path}.quotas",

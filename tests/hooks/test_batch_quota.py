@@ -24,8 +24,8 @@ UNIT = "ml.p4d.24xlarge"
 WRITES = ("CreateQuotaShare", "UpdateQuotaShare", "DeleteQuotaShare")
 
 
-def quota_file(*quotas: dict, capacity: int = 16, unit: str | None = UNIT, max_quotas: int = 20):
-    queue = {"name": JOB_QUEUE, "capacity": capacity, "quotas": list(quotas)}
+def quota_file(*quotas: dict, capacity: int = 16, unit: str | None = UNIT, max_quotas: int = 20, cohorts=()):
+    queue = {"name": JOB_QUEUE, "capacity": capacity, "quotas": list(quotas), **({"cohorts": list(cohorts)} if cohorts else {})}
     if unit:
         queue["capacity_unit"] = unit
     return parse_quota_file({"queues": [queue]}, max_quotas_per_queue=max_quotas).queues[0]
@@ -246,6 +246,13 @@ def test_what_aws_cannot_express_is_refused_naming_the_field(quota, path, messag
 def test_reserve_quota_may_keep_any_reclaim_setting():
     queue = quota_file({"name": "team-a", "capacity": 8, "sharing": "reserve", "preemption": {"reclaim": "never"}})
     assert quota_share_specs(queue)[0].strategy == "RESERVE"
+
+
+def test_cohorts_are_refused_before_any_call_since_batch_shares_are_flat(hook, aws_fake):  # noqa: F811
+    queue = quota_file({"name": "team-a", "capacity": 8, "cohort": "ml"}, cohorts=[{"name": "ml", "capacity": 4}])
+    with pytest.raises(PolicyError, match=r"^queue.cohorts: AWS Batch quota shares are flat"):
+        hook.plan_quota_shares(JOB_QUEUE, queue)
+    assert aws_fake.calls == []
 
 
 def test_capacity_unit_is_required_for_aws():
