@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_quota_provider.models.job import JobState, QuotaJob, active_job_rows, list_jobs, policy_job
-from airflow_quota_provider.policy import QuotaUsage, State, summarize
+from airflow_quota_provider.policy import CohortUsage, QuotaUsage, State, summarize, summarize_cohorts
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from sqlalchemy.orm import Session
 
-    from airflow_quota_provider.policy import Queue, Quota, QuotaFile
+    from airflow_quota_provider.policy import Cohort, Queue, Quota, QuotaFile
 
 
 class QuotaFileUnavailable(RuntimeError):
@@ -57,6 +57,30 @@ def quota_rows(quota_file: QuotaFile, *, session: Session, states: Mapping[str, 
     for queue in quota_file.queues:
         usage = summarize(states.get(queue.name) or State.for_queue(queue, (), ()))
         rows.extend(QuotaRow(queue, quota, usage[quota.name]) for quota in queue.quotas)
+    return rows
+
+
+@dataclass(frozen=True)
+class CohortRow:
+    """One cohort's rule and its subtree's figures right now."""
+
+    queue: Queue
+    cohort: Cohort
+    usage: CohortUsage
+
+
+def cohort_rows(quota_file: QuotaFile, *, session: Session, states: Mapping[str, State] | None = None) -> list[CohortRow]:
+    """Every cohort of every job queue, in file order, with
+    :func:`~airflow_quota_provider.policy.summarize_cohorts`'s figures (none for a flat file, which
+    reads no table)."""
+    if not any(queue.cohorts for queue in quota_file.queues):
+        return []
+    if states is None:
+        states = _queue_states(quota_file, active_job_rows(session=session))
+    rows = []
+    for queue in quota_file.queues:
+        usage = summarize_cohorts(states.get(queue.name) or State.for_queue(queue, (), ()))
+        rows.extend(CohortRow(queue, cohort, usage[cohort.name]) for cohort in queue.cohorts)
     return rows
 
 

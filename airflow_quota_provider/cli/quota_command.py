@@ -74,9 +74,7 @@ def status(args) -> None:
         from airflow_quota_provider.cli import aws_command
 
         return aws_command.status(args)
-    from airflow_quota_provider.usage import quota_rows
-
-    from airflow_quota_provider.usage import queue_hosts
+    from airflow_quota_provider.usage import cohort_rows, queue_hosts, quota_rows
 
     quota_file = _quota_file()
     rows = []
@@ -91,9 +89,39 @@ def status(args) -> None:
                 row["queue_gpus"] = hosts.gpus_up if hosts else 0
                 row["hosts_lost"] = ",".join(hosts.lost) if hosts else ""
             rows.append(row)
+        cohorts = cohort_rows(quota_file, session=session)
     columns = ["queue", "quota", "sharing", "capacity", "in_use", "borrowed", "lent", "free", "pending_jobs",
                "pending_gpus"]
+    if cohorts:
+        rows = as_tree(quota_file, rows, cohorts, indent=args.output != "json")
+        columns.insert(2, "cohort")
     _emit(rows, args.output, columns + (["queue_gpus", "hosts_lost"] if fleet else []))
+
+
+def as_tree(quota_file, quota_rows: list[dict[str, Any]], cohorts: list, *, indent: bool) -> list[dict[str, Any]]:
+    """``status`` rows of a file with cohorts in tree order: in each job queue, the quotas of the root,
+    then each cohort (a row of its own: ``sharing`` is ``cohort``) followed by its subtree. A quota's
+    ``cohort`` is the cohort it is in, a cohort's its parent; with ``indent`` names are indented by depth."""
+    by_quota = {(row["queue"], row["quota"]): row for row in quota_rows}
+    by_cohort = {(row.queue.name, row.cohort.name): row for row in cohorts}
+    result: list[dict[str, Any]] = []
+
+    def level(queue, parent: str | None, depth: int) -> None:
+        pad = "  " * depth if indent else ""
+        for quota in queue.quotas:
+            if quota.cohort == parent:
+                result.append({**by_quota[(queue.name, quota.name)], "quota": pad + quota.name, "cohort": parent})
+        for cohort in queue.cohorts:
+            if cohort.parent == parent:
+                usage = by_cohort[(queue.name, cohort.name)].usage
+                result.append({"queue": queue.name, "quota": pad + cohort.name, "cohort": parent, "sharing": "cohort",
+                               "capacity": usage.capacity, "in_use": usage.in_use, "borrowed": usage.borrowed,
+                               "lent": usage.lent})
+                level(queue, cohort.name, depth + 1)
+
+    for queue in quota_file.queues:
+        level(queue, None, 0)
+    return result
 
 
 @suppress_logs_and_warning
