@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from airflow.sdk.observability.stats import Stats, normalize_name_for_stats
 from airflow_quota_provider.models.job import EventKind, QuotaEvent, QuotaJob
-from airflow_quota_provider.usage import quota_rows
+from airflow_quota_provider.usage import cohort_rows, quota_rows
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GAUGES = ("gpus_in_use", "borrowed", "lent", "free", "pending_jobs", "pending_gpus")
-"""Per-quota gauges: ``quota.<gauge>.<quota>``."""
+"""Per-quota gauges: ``quota.<gauge>.<quota>``; a quota in a cohort also carries a ``cohort`` tag."""
+
+COHORT_GAUGES = ("gpus_in_use", "borrowed", "lent")
+"""Per-cohort gauges of its subtree: ``quota.cohort.<gauge>.<cohort>``, tagged ``cohort`` and ``queue``."""
 
 _USAGE_FIELD = {"gpus_in_use": "in_use"}
 
@@ -63,9 +66,16 @@ def _name(metric: str, *parts: str) -> str:
 def _emit_gauges(quota_file: QuotaFile, *, session: Session, states: Mapping[str, State] | None) -> None:
     for row in quota_rows(quota_file, session=session, states=states):
         tags = {"quota": row.quota.name, "queue": row.queue.name}
+        if row.quota.cohort is not None:
+            tags["cohort"] = row.quota.cohort
         for gauge in GAUGES:
             value = getattr(row.usage, _USAGE_FIELD.get(gauge, gauge))
             Stats.gauge(_name(gauge, row.quota.name), value, tags=tags)
+    for row in cohort_rows(quota_file, session=session, states=states):
+        tags = {"cohort": row.cohort.name, "queue": row.queue.name}
+        for gauge in COHORT_GAUGES:
+            value = getattr(row.usage, _USAGE_FIELD.get(gauge, gauge))
+            Stats.gauge(_name("cohort", gauge, row.cohort.name), value, tags=tags)
 
 
 def _emit_event_metrics(quota_file: QuotaFile, since_event_id: int, *, session: Session) -> int:

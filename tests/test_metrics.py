@@ -115,3 +115,19 @@ def test_a_failure_is_logged_not_raised_and_keeps_the_cursor(statsd, quota_file,
     assert emit_metrics(quota_file, session=broken, since_event_id=7) == 7
     broken.close()
     assert statsd() == []
+
+
+def test_each_cohort_gets_gauges_of_its_subtree(statsd, session):
+    data = yaml.safe_load(QUOTAS)
+    fleet = data["queues"][0]
+    fleet["cohorts"] = [{"name": "ml"}]
+    for quota in fleet["quotas"]:
+        quota["cohort"] = "ml"
+    seed_into(list(BASELINE), session=session)
+
+    emit_metrics(parse_quota_file(data), session=session, since_event_id=None)
+
+    lines = statsd()
+    for line in ("airflow.quota.cohort.gpus_in_use.ml:7|g", "airflow.quota.cohort.borrowed.ml:0|g",
+                 "airflow.quota.cohort.lent.ml:0|g", "airflow.quota.gpus_in_use.team-a:2|g"):
+        assert line in lines

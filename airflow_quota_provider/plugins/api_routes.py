@@ -21,6 +21,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_po
 from airflow_quota_provider.models.job import JobNotFound
 from airflow_quota_provider.plugins import services
 from airflow_quota_provider.plugins.datamodels import (
+    CohortCollectionResponse,
     EventCollectionResponse,
     JobCollectionResponse,
     JobPatchBody,
@@ -63,6 +64,12 @@ def get_queues(session: SessionDep) -> QueueCollectionResponse:
 def get_quotas(session: SessionDep) -> QuotaCollectionResponse:
     """Quotas: capacity, in use, borrowed, lent, free, pending, sharing rule and limits."""
     return services.quotas(_quota_file(), session=session)
+
+
+@api_router.get("/cohorts", dependencies=CanRead, responses=create_openapi_http_exception_doc([503]))
+def get_cohorts(session: SessionDep) -> CohortCollectionResponse:
+    """Cohorts: the groups of quotas of each job queue, with their subtrees' capacity, use, borrowing and lending."""
+    return services.cohorts(_quota_file(), session=session)
 
 
 @api_router.get("/jobs", dependencies=CanRead, responses=create_openapi_http_exception_doc([400]))

@@ -20,7 +20,9 @@ class QueueResponse(BaseModel):
     capacity: int = Field(description="GPUs of the job queue.")
     capacity_unit: str | None = Field(description="Unit of the capacity on AWS Batch (an instance type), if set.")
     quotas: list[str] = Field(description="Names of the quotas that share the job queue, in file order.")
-    common_pool: int = Field(description="GPUs not assigned to any quota; every borrowing quota may use them.")
+    common_pool: int = Field(
+        description="GPUs not assigned to any quota or cohort; every borrowing quota may use them."
+    )
     in_use: int = Field(description="GPUs held by running and stopping jobs of the queue.")
     pending_jobs: int = Field(description="Jobs waiting for quota in the queue.")
 
@@ -66,6 +68,7 @@ class QuotaResponse(BaseModel):
     on_preemption_limit: str = Field(description="fail | protect: what happens past max_preemptions.")
     grace_period_s: float = Field(description="Seconds a preempted job gets to checkpoint before it is stopped.")
     preemption: PreemptionPolicyResponse = Field(description="The quota's preemption rules.")
+    cohort: str | None = Field(default=None, description="Cohort the quota belongs to; null: the job queue's root.")
 
 
 class QuotaCollectionResponse(BaseModel):
@@ -73,6 +76,28 @@ class QuotaCollectionResponse(BaseModel):
 
     quotas: list[QuotaResponse] = Field(description="The quotas, by job queue, in file order.")
     total_entries: int = Field(description="Number of quotas.")
+
+
+class CohortResponse(BaseModel):
+    """A cohort: a group of quotas and cohorts of one job queue, with its subtree's figures right now."""
+
+    name: str = Field(description="Name of the cohort in the quota file.")
+    queue: str = Field(description="Job queue the cohort belongs to.")
+    parent: str | None = Field(description="Cohort above it; null: the job queue's root.")
+    capacity: int = Field(description="GPUs the cohort itself owns for its subtree.")
+    subtree_capacity: int = Field(description="GPUs its subtree owns: its own capacity and its members'.")
+    in_use: int = Field(description="GPUs held by the running and stopping jobs of the quotas in its subtree.")
+    borrowed: int = Field(description="GPUs its subtree uses above its share, from the rest of the tree.")
+    lent: int = Field(description="GPUs of its subtree's capacity used outside it.")
+    borrow_limit: int | None = Field(description="Most GPUs the subtree may borrow; null: unlimited.")
+    lend_limit: int | None = Field(description="Most GPUs the subtree lends outside it; null: all idle ones.")
+
+
+class CohortCollectionResponse(BaseModel):
+    """Every cohort of every job queue (none for a quota file without cohorts)."""
+
+    cohorts: list[CohortResponse] = Field(description="The cohorts, by job queue, in file order.")
+    total_entries: int = Field(description="Number of cohorts.")
 
 
 class JobResponse(BaseModel):

@@ -27,6 +27,8 @@ from airflow_quota_provider.models.job import (
     set_priority,
 )
 from airflow_quota_provider.plugins.datamodels import (
+    CohortCollectionResponse,
+    CohortResponse,
     EventCollectionResponse,
     EventResponse,
     JobCollectionResponse,
@@ -45,7 +47,7 @@ from airflow_quota_provider.plugins.datamodels_ui import (
     QuotaBarView,
 )
 from airflow_quota_provider.policy import PolicyError
-from airflow_quota_provider.usage import QuotaRow, pending_jobs, quota_rows
+from airflow_quota_provider.usage import QuotaRow, cohort_rows, pending_jobs, quota_rows
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -139,7 +141,7 @@ def queues(quota_file: QuotaFile, *, session: Session) -> QueueCollectionRespons
                 capacity=queue.capacity,
                 capacity_unit=queue.capacity_unit,
                 quotas=[q.name for q in queue.quotas],
-                common_pool=queue.capacity - sum(q.capacity for q in queue.quotas),
+                common_pool=queue.capacity - sum(q.capacity for q in queue.quotas) - sum(c.capacity for c in queue.cohorts),
                 in_use=sum(r.usage.in_use for r in mine),
                 pending_jobs=sum(r.usage.pending_jobs for r in mine),
             )
@@ -172,12 +174,32 @@ def _quota_response(row: QuotaRow) -> QuotaResponse:
             reclaim=q.preemption.reclaim,
             borrow_within=q.preemption.borrow_within,
         ),
+        cohort=q.cohort,
     )
 
 
 def quotas(quota_file: QuotaFile, *, session: Session) -> QuotaCollectionResponse:
     out = [_quota_response(r) for r in quota_rows(quota_file, session=session)]
     return QuotaCollectionResponse(quotas=out, total_entries=len(out))
+
+
+def cohorts(quota_file: QuotaFile, *, session: Session) -> CohortCollectionResponse:
+    out = [
+        CohortResponse(
+            name=row.cohort.name,
+            queue=row.queue.name,
+            parent=row.cohort.parent,
+            capacity=row.cohort.capacity,
+            subtree_capacity=row.usage.capacity,
+            in_use=row.usage.in_use,
+            borrowed=row.usage.borrowed,
+            lent=row.usage.lent,
+            borrow_limit=row.cohort.borrow_limit,
+            lend_limit=row.cohort.lend_limit,
+        )
+        for row in cohort_rows(quota_file, session=session)
+    ]
+    return CohortCollectionResponse(cohorts=out, total_entries=len(out))
 
 
 # -------------------------------------------------------------------------------------------- jobs
