@@ -19,7 +19,7 @@ GPUs that processes hold right now, victims included. A job may start only when 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -374,27 +374,30 @@ class TreeUsage(Usage):
         parent's level is drawn the same way from its own capacity and its children.
         """
         tree, used = self.tree, self.node_used
-        children: dict[int, list[tuple[str, int, int]]] = {node: [] for node in range(tree.root + 1)}
+        # Offers are keyed ("cohort", name) or ("quota", name): ties go to cohorts, then by name.
+        children: dict[int, list[tuple[tuple[str, str], int, int]]] = {node: [] for node in range(tree.root + 1)}
         for name, quota in self.quotas.items():
-            children[tree.path[name][0]].append((name, lendable(quota, self.used[name]), borrowed(quota, self.used[name])))
+            offer = (lendable(quota, self.used[name]), borrowed(quota, self.used[name]))
+            children[tree.path[name][0]].append((("quota", name), *offer))
         for node in range(tree.root):
             idle = max(0, tree.sq[node] - max(used[node], tree.guaranteed[node]))
-            children[tree.parent[node]].append((str(node), idle, self.over(node)))
+            children[tree.parent[node]].append((("cohort", tree.names[node]), idle, self.over(node)))
+        node_of = {name: node for node, name in enumerate(tree.names)}
         quota_lent = dict.fromkeys(self.quotas, 0)
         node_lent = [0] * (tree.root + 1)
         for node in sorted(range(tree.root + 1), key=lambda n: tree.depth[n]):  # parents first
             offers = {key: idle for key, idle, _ in children[node]}
             demand = sum(owed for _, _, owed in children[node]) + node_lent[node]
             from_children = min(sum(offers.values()), max(0, demand - tree.own[node]))
-            for key, amount in _apportion(from_children, offers).items():
-                if key in quota_lent:
-                    quota_lent[key] = amount
+            for (kind, name), amount in _apportion(from_children, offers).items():
+                if kind == "quota":
+                    quota_lent[name] = amount
                 else:
-                    node_lent[int(key)] = amount
+                    node_lent[node_of[name]] = amount
         return quota_lent, node_lent
 
 
-def _apportion(total: int, offers: dict[str, int]) -> dict[str, int]:
+def _apportion(total: int, offers: dict[Hashable, int]) -> dict[Hashable, int]:
     """``total`` split in proportion to ``offers`` (largest remainder, ties by key)."""
     result = dict.fromkeys(offers, 0)
     whole = sum(offers.values())
