@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install the provider from its source into the Python that runs Airflow, pinned by the repository's
+# constraints.txt, keeping the Airflow that is already installed. docker/Dockerfile's RUN step; the
+# container tests run it in a scratch virtual environment.
+#   install-provider.sh SOURCE_DIR [EXTRAS]     (EXTRAS default: fleet,examples)
+set -euo pipefail
+SRC="${1:?usage: install-provider.sh SOURCE_DIR [EXTRAS]}"
+EXTRAS="${2:-fleet,examples}"
+AIRFLOW_VERSION="$(python -c 'from importlib.metadata import version; print(version("apache-airflow"))')"
+python -m pip install --no-cache-dir -c "$SRC/constraints.txt" "apache-airflow==$AIRFLOW_VERSION" "$SRC[$EXTRAS]"
+# The provider and, for the fleet, the Celery provider must import, or the image is no use.
+python -c 'import airflow_quota_provider.executors.quota_executor, airflow.providers.celery.executors.celery_executor'
+# Mount points of docker/compose.yaml's named volumes, owned by the airflow user, so that a new
+# volume starts with that owner (Docker copies a directory's owner into an empty named volume).
+mkdir -p "${AIRFLOW_HOME:?}/config" "$AIRFLOW_HOME/checkpoints" "$AIRFLOW_HOME/logs"
