@@ -137,6 +137,7 @@ class AirflowInstance:
         }
         self.procs: dict[str, subprocess.Popen] = {}
         self._orphan_groups: list[int] = []
+        self.token: str | None = None  # a JWT for api(), where not every user is admin
 
     # ----------------------------------------------------------------------------- processes
 
@@ -230,7 +231,7 @@ class AirflowInstance:
             f"http://127.0.0.1:{self.port}/api/v2{path}",
             data=data,
             method=method,
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {self.token}"} if self.token else {})},
         )
         with urllib.request.urlopen(req, timeout=30) as resp:
             return json.loads(resp.read() or b"null")
