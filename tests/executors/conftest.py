@@ -41,6 +41,10 @@ queues:
     capacity: 2
     quotas:
       - {name: team-k, capacity: 2}
+  - name: q-escape
+    capacity: 1
+    quotas:
+      - {name: team-e, capacity: 1, grace_period_s: 3}
 """
 
 QUEUED_TIMEOUT_S = 8
@@ -54,7 +58,7 @@ def airflow(tmp_path_factory) -> AirflowInstance:
         quota_file=QUOTAS,
         dags_folder=DAGS,
         extra_env={
-            "AIRFLOW__QUOTA__VIRTUAL_GPUS": "11",
+            "AIRFLOW__QUOTA__VIRTUAL_GPUS": "12",
             "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": str(QUEUED_TIMEOUT_S),
         },
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import time
 
 from tests.executors.conftest import QUEUED_TIMEOUT_S
@@ -173,8 +174,11 @@ def test_a_bad_quota_file_edit_keeps_the_last_good_configuration(airflow):
 
 
 def test_scheduler_killed_and_restarted_loses_nothing(airflow):
+    # A preemption count of its own, so that this test does not depend on earlier ones preempting.
+    _seed("INSERT INTO quota_preemption_count (dag_id, run_id, task_id, map_index, count, last_at) "
+          "VALUES ('survive_restart', 'seeded', 'k-seeded', -1, 2, 1.0)", airflow)
     counts_before = [tuple(r) for r in airflow.sql("SELECT * FROM quota_preemption_count ORDER BY dag_id, task_id")]
-    assert counts_before, "earlier tests preempted tasks"
+    assert [r["count"] for r in airflow.sql("SELECT count FROM quota_preemption_count WHERE task_id='k-seeded'")] == [2]
     run = airflow.trigger("survive_restart")
     wait_for(lambda: len({r["name"] for r in airflow.task_records() if r.get("name", "").startswith("k")
                           and r["event"] == "start"}) >= 2, "two tasks to run")
@@ -191,6 +195,34 @@ def test_scheduler_killed_and_restarted_loses_nothing(airflow):
     counts_after = [tuple(r) for r in airflow.sql("SELECT * FROM quota_preemption_count ORDER BY dag_id, task_id")]
     assert counts_after == counts_before
     _assert_no_device_held_twice(airflow.events())
+
+
+def _seed(statement: str, airflow) -> None:
+    con = sqlite3.connect(airflow.home / "airflow.db", timeout=30)
+    try:
+        with con:
+            con.execute(statement)
+    finally:
+        con.close()
+
+
+def test_a_preempted_command_that_escaped_and_ignores_sigterm_is_gone_before_its_gpu_is_reused(airflow):
+    """The fault test: the victim's command started a child in a session of its own that ignores
+    SIGTERM. Past the grace period nothing of the victim is alive, and only then does its GPU go to
+    the preemptor (which looks for the escaped process as it starts)."""
+    airflow.wait_dag("escape_high")
+    run_low = airflow.trigger("escape_low")
+    escaped = wait_for(lambda: [r for r in airflow.task_records() if r["event"] == "escaped"], "the command to escape",
+                       on_timeout=lambda: airflow.tail("scheduler"))[0]
+    run_high = airflow.trigger("escape_high")
+    assert airflow.wait_run("escape_high", run_high) == "success"
+    start = next(r for r in airflow.task_records() if r["dag_id"] == "escape_high" and r["event"] == "start")
+    assert start["escaped_pid"] == escaped["escaped_pid"]
+    assert start["escaped_state"] in ("gone", "Z"), start
+    assert start["devices"] == escaped["devices"]  # the queue's one GPU
+    assert airflow.wait_run("escape_low", run_low) == "success"
+    preempted = airflow.events("preempted", dag_id="escape_low")
+    assert len(preempted) == 1 and start["t"] - preempted[0]["at"] >= 3  # after the grace period
 
 
 def _assert_no_device_held_twice(events) -> None:

@@ -110,3 +110,34 @@ with DAG("queued_timeout", schedule=None, start_date=START, catchup=False):
 with DAG("survive_restart", schedule=None, start_date=START, catchup=False):
     for i in range(4):
         train(f"k{i}", "team-k", priority=10, steps=10, step_s=1.0)
+
+# A command that escapes into a session of its own and ignores SIGTERM, preempted (queue q-escape:
+# team-e 1 GPU, grace 3 s). It escapes on its first run only, so that its rerun ends quickly.
+with DAG("escape_low", schedule=None, start_date=START, catchup=False):
+
+    @task(task_id="escaper", pool="team-e", priority_weight=1, weight_rule="absolute", executor="quota")
+    def _escaper():
+        import subprocess
+
+        if os.environ.get("QUOTA_PREEMPTION_COUNT", "0") == "0":
+            child = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.2; done"], start_new_session=True)
+            record("escaped", escaped_pid=child.pid)
+            time.sleep(120)
+        record("done")
+
+    _escaper()
+
+with DAG("escape_high", schedule=None, start_date=START, catchup=False):
+
+    @task(task_id="preemptor", pool="team-e", priority_weight=50, weight_rule="absolute", executor="quota")
+    def _preemptor():
+        root = Path(os.environ["QUOTA_TEST_RECORDS"])
+        lines = [json.loads(line) for path in root.glob("*.jsonl") for line in path.read_text().splitlines() if line]
+        pids = [line["escaped_pid"] for line in lines if line["event"] == "escaped"]
+        try:
+            state = Path(f"/proc/{pids[0]}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            state = "gone"
+        record("start", escaped_pid=pids[0] if pids else None, escaped_state=state)
+
+    _preemptor()
