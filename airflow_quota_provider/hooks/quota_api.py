@@ -21,6 +21,7 @@ from airflow.providers.common.compat.sdk import BaseHook
 
 QUOTAS_PATH = "/quota/api/quotas"
 QUEUES_PATH = "/quota/api/queues"
+COHORTS_PATH = "/quota/api/cohorts"
 TOKEN_PATH = "/auth/token"
 
 
@@ -86,7 +87,8 @@ class QuotaApiHook(BaseHook):
     # ----------------------------------------------------------------------------------- sync
 
     def get_status(self) -> dict[str, Any]:
-        """``{"quotas": [...], "queues": [...]}`` as ``GET /quota/api/quotas`` and ``/queues`` give them.
+        """``{"quotas": [...], "queues": [...], "cohorts": [...]}`` as ``GET /quota/api/quotas``, ``/queues``
+        and ``/cohorts`` give them.
 
         An expired token is replaced once."""
         try:
@@ -107,6 +109,7 @@ class QuotaApiHook(BaseHook):
             return {
                 "quotas": self._check(client.get(QUOTAS_PATH, headers=self._headers()))["quotas"],
                 "queues": self._check(client.get(QUEUES_PATH, headers=self._headers()))["queues"],
+                "cohorts": self._check(client.get(COHORTS_PATH, headers=self._headers()))["cohorts"],
             }
 
     # ---------------------------------------------------------------------------------- async
@@ -131,4 +134,5 @@ class QuotaApiHook(BaseHook):
             return {
                 "quotas": self._check(await client.get(QUOTAS_PATH, headers=self._headers()))["quotas"],
                 "queues": self._check(await client.get(QUEUES_PATH, headers=self._headers()))["queues"],
+                "cohorts": self._check(await client.get(COHORTS_PATH, headers=self._headers()))["cohorts"],
             }

@@ -11,7 +11,7 @@ import httpx
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_quota_provider.hooks.quota_api import QuotaApiError, QuotaApiHook
-from airflow_quota_provider.policy import Job, Quota, State, rejection_reason
+from airflow_quota_provider.policy import Cohort, Job, Quota, State, rejection_reason
 
 
 class QuotaCapacityError(ValueError):
@@ -44,8 +44,9 @@ def has_capacity(status: dict[str, Any], quota: str, gpus: int) -> tuple[bool, i
 
 
 def queue_state(status: dict[str, Any], queue: str) -> State:
-    """Job queue ``queue`` as the policy core sees it, from the API's ``queues`` and ``quotas``: its
-    capacity and its quotas' rules (no jobs; the figures that depend on jobs come from the API)."""
+    """Job queue ``queue`` as the policy core sees it, from the API's ``queues``, ``quotas`` and
+    ``cohorts``: its capacity, its quotas' rules and its tree (no jobs; the figures that depend on jobs
+    come from the API)."""
     (described,) = [q for q in status["queues"] if q["name"] == queue]
     by_name = {q["name"]: q for q in status["quotas"]}
     quotas = tuple(
@@ -56,10 +57,16 @@ def queue_state(status: dict[str, Any], queue: str) -> State:
             borrow_limit=by_name[name]["borrow_limit"],
             lend_limit=by_name[name]["lend_limit"],
             max_priority=by_name[name]["max_priority"],
+            cohort=by_name[name].get("cohort"),
         )
         for name in described["quotas"]
     )
-    return State(capacity=described["capacity"], quotas=quotas, running=(), pending=())
+    cohorts = tuple(
+        Cohort(name=c["name"], parent=c["parent"], capacity=c["capacity"], borrow_limit=c["borrow_limit"],
+               lend_limit=c["lend_limit"])
+        for c in status.get("cohorts", ()) if c["queue"] == queue
+    )
+    return State(capacity=described["capacity"], quotas=quotas, running=(), pending=(), cohorts=cohorts)
 
 
 class QuotaCapacityTrigger(BaseTrigger):

@@ -93,6 +93,15 @@ def test_the_wait_ends_exactly_where_the_executor_rejects(status, gpus, most):
     assert has_capacity(status, "a", most) == (False, 0)  # one fewer GPU is worth waiting for
 
 
+def test_the_wait_ends_where_a_cohort_above_the_quota_stops_it():
+    status = _status({"name": "a", "capacity": 4, "cohort": "ml"}, {"name": "b", "capacity": 4})
+    status["cohorts"] = [{"name": "ml", "queue": "fleet", "parent": None, "capacity": 0, "borrow_limit": 1,
+                          "lend_limit": None}]
+    with pytest.raises(QuotaCapacityError, match="can never hold more than 5 .*in cohort ml"):
+        has_capacity(status, "a", 6)
+    assert has_capacity(status, "a", 5) == (False, 0)
+
+
 @pytest.mark.parametrize("gpus", [0, -1, True])
 def test_a_number_of_gpus_that_is_not_positive_is_refused(gpus):
     with pytest.raises(QuotaCapacityError, match="gpus: .* is not a positive integer"):
