@@ -177,9 +177,10 @@ class LocalLauncher:
         finally:
             gc.unfreeze()
         self._children[pid] = -1
-        if cgroup is not None and cgroup.add(pid):  # the child adds itself too, before it starts anything
+        if cgroup is not None:
+            cgroup.add(pid)  # the child adds itself too, first thing: whichever is first, it is in before it starts anything
             self._cgroups[pid] = cgroup
-        recorded = {"pid": pid, "start": _proc_start_time(pid), "cgroup": str(cgroup.path) if pid in self._cgroups else None}
+        recorded = {"pid": pid, "start": _proc_start_time(pid), "cgroup": str(cgroup.path) if cgroup is not None else None}
         _write_atomically(job_dir / PID_FILE, json.dumps(recorded))
         return pid
 
@@ -291,7 +292,9 @@ def _run_workload(workload: ExecuteTask) -> int:  # pragma: no cover - runs in t
 
     rc = BaseExecutor.run_workload(
         workload,
-        subprocess_logs_to_stdout=True,
+        # The task's log goes to its log file (the UI shows it); echoed to stdout it would fill the
+        # scheduler's console with every task's lines.
+        subprocess_logs_to_stdout=False,
         proctitle=f"airflow worker -- QuotaExecutor: {workload.display_name}",
     )
     return int(rc or 0)

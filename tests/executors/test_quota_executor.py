@@ -9,6 +9,7 @@ import time
 
 from tests.executors.conftest import QUEUED_TIMEOUT_S
 from tests.integration_support import wait_for
+from tests.policy.test_documents import billion_laughs
 
 
 def _started(airflow, name_prefix: str, count: int):
@@ -166,6 +167,11 @@ def test_a_bad_quota_file_edit_keeps_the_last_good_configuration(airflow):
         rejected = wait_for(lambda: airflow.events("config_rejected"), "the edit to be rejected")
         assert "queues[0].capacity" in rejected[0]["message"]
         assert "keeping the last good configuration" in airflow.tail("scheduler", 200000)
+        # A hostile edit (nested aliases standing for a billion values) is rejected the same way,
+        # at once, rather than taking the scheduler's heartbeat for a minute and gigabytes.
+        airflow.quota_path.write_text(billion_laughs())
+        rejected = wait_for(lambda: airflow.events("config_rejected")[1:], "the hostile edit to be rejected")
+        assert "more than 200000 values" in rejected[0]["message"]
         run = airflow.trigger("prio_high")  # team-p still exists: the old configuration is in force
         assert airflow.wait_run("prio_high", run) == "success"
     finally:
@@ -223,6 +229,8 @@ def test_a_preempted_command_that_escaped_and_ignores_sigterm_is_gone_before_its
     assert airflow.wait_run("escape_low", run_low) == "success"
     preempted = airflow.events("preempted", dag_id="escape_low")
     assert len(preempted) == 1 and start["t"] - preempted[0]["at"] >= 3  # after the grace period
+    # Task logs go to their log files, not to the scheduler's console (every task logs this line).
+    assert "::group::Pre Execute" not in airflow.tail("scheduler", 10**8)
 
 
 def _assert_no_device_held_twice(events) -> None:
