@@ -1,11 +1,12 @@
 """Time one decision cycle at 1,000 and 10,000 pending jobs (2,000 running, 20 quotas).
 
-    python benchmarks/decide.py [--repeat N] [--seed S] [--gpus-per-host G]
+    python benchmarks/decide.py [--repeat N] [--seed S] [--gpus-per-host G] [--cohorts]
 
 Prints the best-of-N time per size, the ratio between them, and the peak memory (tracemalloc) of one
 cycle. Goal (issue 2): at most 50 ms at 10,000 pending on a 2-core machine, ratio at most 15. With
 ``--gpus-per-host``, the same queue is spread over hosts of G GPUs (each running job on a random host
-with room for it), and the policy places jobs on them (issue 10).
+with room for it), and the policy places jobs on them (issue 10). With ``--cohorts``, the 20 quotas
+are grouped in a two-level tree: two divisions of two departments of five quotas each (issue 14).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import random
 import time
 import tracemalloc
 
-from airflow_quota_provider.policy import Host, Job, PreemptionPolicy, Quota, State, decide
+from dataclasses import replace
+
+from airflow_quota_provider.policy import Cohort, Host, Job, PreemptionPolicy, Quota, State, decide
 
 SHARING = ("lend_and_borrow", "lend_and_borrow", "lend", "reserve")
 WITHIN = ("lower_priority", "lower_or_newer_equal_priority", "never")
@@ -89,6 +92,14 @@ def make_state(
     return State(capacity=capacity, quotas=quota_list, running=tuple(running), pending=tuple(pending), hosts=hosts_tuple), now
 
 
+def in_cohorts(state: State) -> State:
+    """``state`` with its quotas in two divisions (d0, d1) of two departments each, five quotas to a
+    department, taken in order; the divisions own nothing, the departments lend everything."""
+    cohorts = [Cohort(f"d{d}") for d in range(2)] + [Cohort(f"d{d}-{k}", parent=f"d{d}") for d in range(2) for k in range(2)]
+    quotas = tuple(replace(q, cohort=f"d{i // 10}-{i // 5 % 2}") for i, q in enumerate(state.quotas))
+    return replace(state, quotas=quotas, cohorts=tuple(cohorts))
+
+
 def best_time(state: State, now: float, repeat: int) -> tuple[float, object]:
     best = float("inf")
     decision = None
@@ -104,12 +115,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--gpus-per-host", type=int, default=None, help="spread the queue over hosts of this size")
+    parser.add_argument("--cohorts", action="store_true", help="group the quotas in a two-level tree of cohorts")
     args = parser.parse_args()
     if args.gpus_per_host is not None and (args.gpus_per_host < 8 or 8000 % args.gpus_per_host):
         parser.error("--gpus-per-host: must divide 8,000 and be at least 8 (the largest running job)")
     results = {}
     for pending in (1_000, 10_000):
         state, now = make_state(pending, seed=args.seed, gpus_per_host=args.gpus_per_host)
+        if args.cohorts:
+            state = in_cohorts(state)
         seconds, decision = best_time(state, now, args.repeat)
         tracemalloc.start()
         decide(state, now)
@@ -117,6 +131,7 @@ def main() -> None:
         tracemalloc.stop()
         results[pending] = seconds
         hosts = "" if state.hosts is None else f" hosts={len(state.hosts)}x{args.gpus_per_host}"
+        hosts += f" cohorts={len(state.cohorts)}" if state.cohorts else ""
         print(
             f"pending={pending:>6} running={len(state.running)} quotas={len(state.quotas)}{hosts}: "
             f"{seconds * 1000:7.2f} ms per cycle (best of {args.repeat}), peak memory {peak / 2**20:.1f} MiB; "

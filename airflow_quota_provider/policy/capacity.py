@@ -254,7 +254,7 @@ class TreeUsage(Usage):
             self.borrow_starts += 1
         tree, used = self.tree, self.node_used
         floor = quota.private
-        delta = max(0, new - floor) - max(0, old - floor)
+        delta = (new - floor if new > floor else 0) - (old - floor if old > floor else 0)
         for node in tree.path[name]:
             if not delta:
                 return
@@ -263,7 +263,7 @@ class TreeUsage(Usage):
             if before <= tree.sq[node] < after and node != tree.root:
                 self.borrow_starts += 1
             floor = tree.guaranteed[node]
-            delta = max(0, after - floor) - max(0, before - floor)
+            delta = (after - floor if after > floor else 0) - (before - floor if before > floor else 0)
 
     def fits(self, name: str, gpus: int, *, borrow: bool, within: list[int] | None = None) -> bool:
         """Whether ``gpus`` more for quota ``name`` keep every node on its path within its limits.
@@ -282,7 +282,7 @@ class TreeUsage(Usage):
                 return False
         tree, used = self.tree, self.node_used
         floor = quota.private
-        delta = max(0, new - floor) - max(0, old - floor)
+        delta = (new - floor if new > floor else 0) - (old - floor if old > floor else 0)
         for position, node in enumerate(tree.path[name], 1):
             before = used[node]
             after = before + delta
@@ -294,7 +294,7 @@ class TreeUsage(Usage):
             if within and within[position] and after > tree.sq[node]:
                 return False
             floor = tree.guaranteed[node]
-            delta = max(0, after - floor) - max(0, before - floor)
+            delta = (after - floor if after > floor else 0) - (before - floor if before > floor else 0)
         return True  # unreachable: every path ends at the root
 
     def node_borrowing(self, node: int) -> bool:
@@ -313,13 +313,13 @@ class TreeUsage(Usage):
         result = [new <= quota.capacity]
         tree, used = self.tree, self.node_used
         floor = quota.private
-        delta = max(0, new - floor) - max(0, old - floor)
+        delta = (new - floor if new > floor else 0) - (old - floor if old > floor else 0)
         for node in tree.path[name][:-1]:
             before = used[node]
             after = before + delta
             result.append(after <= tree.sq[node])
             floor = tree.guaranteed[node]
-            delta = max(0, after - floor) - max(0, before - floor)
+            delta = (after - floor if after > floor else 0) - (before - floor if before > floor else 0)
         return result
 
     def lender_depth(self, name: str, gpus: int) -> int:
