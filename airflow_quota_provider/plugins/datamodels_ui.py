@@ -41,6 +41,18 @@ class QuotaBarView(BaseModel):
     pending_jobs: int = Field(description="Jobs waiting.")
     pending_gpus: int = Field(description="GPUs those jobs ask for.")
     pending: list[PendingJobView] = Field(description="Waiting jobs, by position.")
+    cohort: str | None = Field(default=None, description="Cohort the quota is drawn in; null: the job queue itself.")
+
+
+class CohortView(BaseModel):
+    """A cohort of a job queue, drawn as a box around its quotas and cohorts."""
+
+    name: str = Field(description="Cohort name.")
+    parent: str | None = Field(description="Cohort it is drawn in; null: the job queue itself.")
+    capacity: int = Field(description="GPUs its subtree owns: its own capacity and its members'.")
+    in_use: int = Field(description="GPUs its quotas' jobs hold.")
+    borrowed: int = Field(description="GPUs its subtree uses above its share, from the rest of the tree.")
+    lent: int = Field(description="GPUs of its subtree's capacity used outside it.")
 
 
 class QueueView(BaseModel):
@@ -50,6 +62,7 @@ class QueueView(BaseModel):
     capacity: int = Field(description="GPUs of the job queue.")
     in_use: int = Field(description="GPUs in use in the queue.")
     quotas: list[QuotaBarView] = Field(description="One bar per quota, in file order.")
+    cohorts: list[CohortView] = Field(default=[], description="Its cohorts, in file order (none: flat).")
 
 
 class PreemptionView(BaseModel):

@@ -40,6 +40,7 @@ from airflow_quota_provider.plugins.datamodels import (
     QuotaResponse,
 )
 from airflow_quota_provider.plugins.datamodels_ui import (
+    CohortView,
     DashboardResponse,
     PendingJobView,
     PreemptionView,
@@ -377,6 +378,7 @@ def dashboard(quota_file: QuotaFile, quota_path: str, *, session: Session) -> Da
     """One snapshot of everything the quota page draws."""
     now = time.time()
     rows = quota_rows(quota_file, session=session)
+    cohort_views = cohort_rows(quota_file, session=session)
     waiting: dict[str, list[PendingJobView]] = {}
     for job in pending_jobs(session=session):
         waiting.setdefault(job.quota, []).append(
@@ -413,10 +415,17 @@ def dashboard(quota_file: QuotaFile, quota_path: str, *, session: Session) -> Da
                     pending_jobs=u.pending_jobs,
                     pending_gpus=u.pending_gpus,
                     pending=waiting.get(q.name, []),
+                    cohort=q.cohort,
                 )
             )
+        cohorts = [
+            CohortView(name=c.cohort.name, parent=c.cohort.parent, capacity=c.usage.capacity, in_use=c.usage.in_use,
+                       borrowed=c.usage.borrowed, lent=c.usage.lent)
+            for c in cohort_views if c.queue.name == queue.name
+        ]
         views.append(
-            QueueView(name=queue.name, capacity=queue.capacity, in_use=sum(b.owned + b.borrowed for b in bars), quotas=bars)
+            QueueView(name=queue.name, capacity=queue.capacity, in_use=sum(b.owned + b.borrowed for b in bars), quotas=bars,
+                      cohorts=cohorts)
         )
     return DashboardResponse(
         generated_at=_dt(now),

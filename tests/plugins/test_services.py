@@ -27,9 +27,13 @@ def test_cohorts_show_their_subtrees_and_quotas_name_their_cohort(tmp_path):
         (ml,) = services.cohorts(quota_file, session=session).cohorts
         quotas = {q.name: q for q in services.quotas(quota_file, session=session).quotas}
         queue = next(q for q in services.queues(quota_file, session=session).queues if q.name == "gpu-fleet")
+        (page, _) = services.dashboard(quota_file, "quotas.yaml", session=session).queues
     assert ml.model_dump() == {
         "name": "ml", "queue": "gpu-fleet", "parent": None, "capacity": 2, "subtree_capacity": 6, "in_use": 2,
         "borrowed": 0, "lent": 1, "borrow_limit": None, "lend_limit": 1,
     }
     assert (quotas["team-a"].cohort, quotas["team-b"].cohort) == ("ml", None)
     assert queue.common_pool == 0
+    # the quota page draws team-a inside cohort ml's box, team-b in the queue's
+    assert [(c.name, c.parent, c.capacity, c.in_use, c.lent) for c in page.cohorts] == [("ml", None, 6, 2, 1)]
+    assert [(q.name, q.cohort) for q in page.quotas] == [("team-a", "ml"), ("team-b", None)]

@@ -90,8 +90,22 @@ function drawQueues(data) {
       { class: "queue", "data-queue": queue.name },
       el("div", { class: "head" }, el("h2", {}, `Job queue ${queue.name}`), el("span", { class: "numbers" }, `${queue.in_use} of ${queue.capacity} GPUs in use`)),
     );
+    // With cohorts, each cohort is a box inside its parent's (the queue card for a root cohort), and
+    // each quota is drawn inside its cohort's box.
+    const boxes = new Map([[null, card]]);
+    for (const c of queue.cohorts) {
+      boxes.set(
+        c.name,
+        el(
+          "div",
+          { class: "cohort", "data-cohort": c.name },
+          el("div", { class: "head" }, el("h3", {}, `Cohort ${c.name}`), el("span", { class: "numbers" }, `${c.in_use} of ${c.capacity} GPUs in use by its quotas · borrowed ${c.borrowed} · lent ${c.lent}`)),
+        ),
+      );
+    }
+    for (const c of queue.cohorts) boxes.get(c.parent).append(boxes.get(c.name));
     for (const q of queue.quotas) {
-      card.append(
+      boxes.get(q.cohort).append(
         el(
           "div",
           { class: "quota", "data-quota": q.name },
