@@ -22,7 +22,6 @@ Messages repeat at most a short prefix of what the file said (:func:`shorten`).
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any, BinaryIO
 
 import yaml
 
-from airflow_quota_provider.policy.errors import PolicyError, shorten
+from airflow_quota_provider.policy.errors import PolicyError, path_key, shorten
 
 MAX_INT_DIGITS = 20
 """Digits an integer may have in either document: every 64-bit integer fits, thousands of digits do not."""
@@ -287,6 +286,4 @@ def _walk(value: Any, limits: Limits) -> None:
 
 
 def _key(key: Any) -> str:
-    if isinstance(key, float) and not math.isfinite(key):
-        return str(key)
-    return shorten(key, 60, quote=False) if isinstance(key, str) else shorten(key, 60)
+    return path_key(key)

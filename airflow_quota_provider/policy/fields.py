@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from airflow_quota_provider.policy.errors import PolicyError, shorten
+from airflow_quota_provider.policy.errors import PolicyError, path_key, shorten
 
 _MISSING = object()
 INT_LIMIT = 2**63
@@ -110,9 +110,9 @@ class Fields:
         return self._get(key, default)
 
     def done(self) -> None:
-        unknown = sorted(str(key) for key in self._data if key not in self._seen)
+        unknown = sorted((key for key in self._data if key not in self._seen), key=str)
         if unknown:
             raise PolicyError(
-                self.child(unknown[0]),
+                self.child(path_key(unknown[0])),
                 f"unknown field; allowed fields are {', '.join(sorted(self._seen))}",
             )
