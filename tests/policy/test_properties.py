@@ -392,13 +392,18 @@ def test_with_cohorts_the_same_input_always_gives_the_same_decision(state, rng: 
 
 
 @st.composite
-def host_states(draw) -> State:
+def host_states(draw, *, tree: bool = False) -> State:
     """A queue with 1-4 hosts of 1-8 GPUs (summing to at most its capacity: the rest is lost hosts),
-    each running job on a host with room for it, and each preemptor's stopping victims on one host."""
+    each running job on a host with room for it, and each preemptor's stopping victims on one host;
+    with ``tree``, its quotas in cohorts."""
     quota_list = draw(quotas())
+    cohorts: tuple[Cohort, ...] = ()
+    if tree:
+        cohorts, quota_list = draw(cohort_trees(quota_list))
     by_name = {q.name: q for q in quota_list}
     hosts = tuple(Host(f"h{index}", draw(st.integers(1, 8))) for index in range(draw(st.integers(1, 4))))
-    capacity = max(1, sum(q.capacity for q in quota_list) + draw(st.integers(0, 4)), sum(h.gpus for h in hosts))
+    owned = sum(q.capacity for q in quota_list) + sum(c.capacity for c in cohorts)
+    capacity = max(1, owned + draw(st.integers(0, 4)), sum(h.gpus for h in hosts))
     on_host = dict.fromkeys((h.name for h in hosts), 0)
     victims_on: dict[str, str] = {}
     used = dict.fromkeys(by_name, 0)
@@ -411,7 +416,7 @@ def host_states(draw) -> State:
         trial = dict(used, **{name: used[name] + gpus})
         if on_host[host.name] + gpus > host.gpus or victims_on.get(preempted_for, host.name) != host.name:
             continue
-        if preempted_for is None and not balanced(trial, by_name, capacity):
+        if preempted_for is None and not balanced(trial, by_name, capacity, cohorts=cohorts):
             continue
         on_host[host.name] += gpus
         if preempted_for is None:
@@ -433,7 +438,7 @@ def host_states(draw) -> State:
             )
         )
     pending = draw(pending_jobs(sorted(by_name), max_gpus=9))
-    return State(capacity, quota_list, tuple(running), tuple(pending), hosts)
+    return State(capacity, quota_list, tuple(running), tuple(pending), hosts, cohorts)
 
 
 _HELD_ON = re.compile(r"GPUs on (\S+?)[: ]")
@@ -476,6 +481,15 @@ def test_no_host_ever_holds_more_gpus_than_it_has(state):
 def test_quota_capacity_is_never_exceeded_with_hosts(state):
     decision = decide(state, NOW)
     assert balanced(logical_end(state, decision), {q.name: q for q in state.quotas}, state.capacity)
+
+
+@given(host_states(tree=True))
+def test_with_hosts_and_cohorts_no_node_and_no_host_is_exceeded(state):
+    decision = decide(state, NOW)
+    assert balanced(logical_end(state, decision), {q.name: q for q in state.quotas}, state.capacity, cohorts=state.cohorts)
+    gpus = {h.name: h.gpus for h in state.hosts}
+    settled = settled_on_hosts(state, decision)
+    assert all(settled[name] <= gpus[name] for name in gpus), (settled, decision)
 
 
 @given(host_states())
