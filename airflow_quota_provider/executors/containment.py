@@ -225,7 +225,12 @@ class JobCgroup:
             with contextlib.suppress(OSError):
                 (self.path / "cgroup.freeze").write_text("0")
 
-    def remove(self) -> None:
-        """Delete the cgroup once it is empty (it stays while anything lives in it)."""
-        with contextlib.suppress(OSError):
+    def remove(self) -> bool:
+        """Delete the cgroup if it is empty; whether it is gone (it stays while anything lives in it)."""
+        try:
             self.path.rmdir()
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True

@@ -93,6 +93,8 @@ class LocalLauncher:
         it runs, :data:`UNKNOWN` when it could not be collected."""
         self._cgroups: dict[int, JobCgroup] = {}
         """pid -> the cgroup of a launch this scheduler made (adopted launches: from the pid file)."""
+        self._empty_later: list[JobCgroup] = []
+        """Cgroups of forgotten launches whose supervisor was still finishing: removed once empty."""
         self._lingering: set[int] = set()
         """Forgotten children still finishing (see :meth:`task_exited`); reaped when they exit."""
 
@@ -147,8 +149,8 @@ class LocalLauncher:
     def forget(self, handle: str, *, session: Session) -> None:
         job_id, pid = _parse(handle)
         cgroup = self._cgroups.pop(pid, None)
-        if cgroup is not None:
-            cgroup.remove()
+        if cgroup is not None and not cgroup.remove():
+            self._empty_later.append(cgroup)  # its supervisor is still finishing
         self.forget_pid(pid)
 
     # -- processes ----------------------------------------------------------------------------
@@ -205,7 +207,9 @@ class LocalLauncher:
         kill_tree(pid)
 
     def reap(self) -> None:
-        """Collect exit statuses of our own children so that they do not linger as zombies."""
+        """Collect exit statuses of our own children so that they do not linger as zombies, and
+        remove the cgroups of forgotten launches that have emptied."""
+        self._empty_later = [cgroup for cgroup in self._empty_later if not cgroup.remove()]
         for pid in list(self._lingering):
             try:
                 if os.waitpid(pid, os.WNOHANG)[0]:

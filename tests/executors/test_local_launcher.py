@@ -263,3 +263,13 @@ def test_a_job_directory_deleted_under_a_running_task_does_not_make_its_success_
     _wait_until(lambda: launcher.status({f"1:{pid}": 1}, session=None)[f"1:{pid}"].liveness == Liveness.ENDED, "the end")
     assert launcher.exit_info(1, pid).rc == 0
     assert [p.name for p in launcher.job_dir(1).iterdir()] == [f"exit-{pid}"]  # written whole, no temporary left
+
+
+def test_the_cgroup_of_a_launch_forgotten_while_its_supervisor_finishes_is_removed_once_empty(tmp_path):
+    _needs(True)
+    launcher = LocalLauncher(tmp_path, cgroups=True)
+    pid = launcher.start(1, lambda: time.sleep(1) or 0, {})
+    cgroup = launcher.cgroup(1, pid)
+    launcher.forget(f"1:{pid}", session=None)  # the executor settles on task_exited, before the supervisor ends
+    assert cgroup.path.exists()
+    _wait_until(lambda: launcher.reap() or not cgroup.path.exists(), "the emptied cgroup to be removed")
