@@ -161,6 +161,23 @@ def _cgroup_base() -> Path | None:
     return Path(mount + own.rstrip("/")) if own != "/" else Path(mount)
 
 
+def remove_empty_cgroups(older_than_s: float = 300.0) -> int:
+    """Remove empty launch cgroups made more than ``older_than_s`` ago (a scheduler that stopped
+    before it could remove its last ones); returns how many. Young ones are left alone: another
+    scheduler on this machine may just have made one for a launch that is starting."""
+    base = _cgroup_base()
+    if base is None or not (base / CGROUP_DIR).is_dir():
+        return 0
+    removed, now = 0, time.time()
+    for path in (base / CGROUP_DIR).glob("job-*"):
+        try:
+            if now - path.stat().st_mtime > older_than_s and not JobCgroup(path).populated():
+                removed += JobCgroup(path).remove()
+        except OSError:
+            continue
+    return removed
+
+
 class JobCgroup:
     """The cgroup v2 of one launch: ``<own cgroup>/airflow-quota-jobs/<name>``."""
 

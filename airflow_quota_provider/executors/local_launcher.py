@@ -41,6 +41,7 @@ from airflow_quota_provider.executors.containment import (
     children as _children,
     end_descendants,
     kill_tree,
+    remove_empty_cgroups,
     stat_field as _stat_field,
 )
 from airflow_quota_provider.executors.launcher import HostDevices, Liveness, Status
@@ -88,6 +89,8 @@ class LocalLauncher:
 
             cgroups = conf.get("quota", "process_cgroups", fallback="auto").strip().lower() != "off"
         self.use_cgroups = cgroups
+        if cgroups:
+            remove_empty_cgroups()
         self._children: dict[int, int] = {}
         """pid -> exit status for processes this scheduler forked (reaped with waitpid): -1 while
         it runs, :data:`UNKNOWN` when it could not be collected."""

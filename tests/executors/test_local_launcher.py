@@ -273,3 +273,12 @@ def test_the_cgroup_of_a_launch_forgotten_while_its_supervisor_finishes_is_remov
     launcher.forget(f"1:{pid}", session=None)  # the executor settles on task_exited, before the supervisor ends
     assert cgroup.path.exists()
     _wait_until(lambda: launcher.reap() or not cgroup.path.exists(), "the emptied cgroup to be removed")
+
+
+def test_empty_launch_cgroups_left_by_a_stopped_scheduler_are_removed_when_old(tmp_path):
+    _needs(True)
+    old, young = JobCgroup.create("job-0-old"), JobCgroup.create("job-0-young")
+    os.utime(old.path, (time.time() - 3600, time.time() - 3600))
+    LocalLauncher(tmp_path, cgroups=True)
+    assert not old.path.exists() and young.path.exists()
+    young.remove()
