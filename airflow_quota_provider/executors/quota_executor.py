@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from airflow.models.taskinstancekey import TaskInstanceKey
     from airflow_quota_provider.executors.launcher import Launcher
     from airflow_quota_provider.policy import Job, QuotaFile, State
+    from airflow_quota_provider.policy.backlog import Backlog
 
 SCHEDULE_EVERY_S = 1.0
 
@@ -83,6 +84,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         in the last cycle (a restarted executor writes every one once)."""
         self._reasons_next: dict[str, tuple[str, int]] = {}
         self._policy_jobs: dict[tuple, Job] = {}
+        self._backlogs: dict[str, Backlog] = {}
         """(job row, preemptions) -> the policy's job, from the last cycle."""
         self._states: dict[str, State] = {}
         """Job queue -> the state of the last scheduling cycle (for the metrics)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import (
     Boolean,
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
     from airflow_quota_provider.policy import QuotaFile
 
-    from sqlalchemy import Row
     from sqlalchemy.orm import Session
 
 
@@ -233,36 +232,40 @@ class QuotaPreemptionCount(QuotaBase):
 
 _PENDING, _STOPPING = JobState.PENDING.value, JobState.STOPPING.value  # read once per import, not per job
 
-ACTIVE_COLUMNS = (
-    QuotaJob.id,
-    QuotaJob.state,
-    QuotaJob.quota,
-    QuotaJob.queue_name,
-    QuotaJob.gpus,
-    QuotaJob.priority,
-    QuotaJob.submitted_at,
-    QuotaJob.started_at,
-    QuotaJob.preemptible,
-    QuotaJob.max_preemptions,
-    QuotaJob.preempted_for,
-    QuotaJob.host,
-    QuotaJob.workload.is_not(None).label("queued"),
-)
-"""What a scheduling cycle and the usage figures read of each job."""
+class ActiveJob(NamedTuple):
+    """What a scheduling cycle reads of a pending, running or stopping job (a plain tuple: ten
+    thousand of them are cheap to read, hash and compare, unlike ORM objects or SQLAlchemy rows)."""
+
+    id: int
+    state: str
+    quota: str
+    queue_name: str | None
+    gpus: int
+    priority: int
+    submitted_at: float
+    started_at: float | None
+    preemptible: bool
+    max_preemptions: int | None
+    preempted_for: str | None
+    host: str | None
+    queued: bool
+    """Whether Airflow has queued the job's task (a revoked or preempted one keeps its place without)."""
 
 
-def active_job_rows(*, session: Session) -> Sequence[Row]:
-    """Pending, running and stopping jobs as plain rows of :data:`ACTIVE_COLUMNS`, in queue order
-    (ten thousand waiting jobs are cheap to read, not to build as ORM objects). ``queued`` says
-    whether Airflow has queued the job's task (a revoked or preempted one keeps its place without)."""
-    return session.execute(
-        select(*ACTIVE_COLUMNS)
+def active_job_rows(*, session: Session) -> list[ActiveJob]:
+    """Pending, running and stopping jobs, in queue order."""
+    # On the session's connection, not the session: plain columns need none of the ORM's loading,
+    # which costs more than the query itself at ten thousand rows.
+    columns = [getattr(QuotaJob, name) for name in ActiveJob._fields if name != "queued"]
+    result = session.connection().execute(
+        select(*columns, QuotaJob.workload.is_not(None).label("queued"))
         .where(QuotaJob.state.in_([JobState.PENDING.value, JobState.RUNNING.value, JobState.STOPPING.value]))
         .order_by(QuotaJob.submitted_at, QuotaJob.id)
-    ).all()
+    )
+    return [ActiveJob._make(row) for row in result]
 
 
-def policy_job(job: QuotaJob | Row, preemptions: int, *, placed: bool = False) -> Job:
+def policy_job(job: QuotaJob | ActiveJob, preemptions: int, *, placed: bool = False) -> Job:
     """The policy's view of a job (an ORM object or a row with its columns): running and stopping
     jobs carry ``started_at``, and their ``host`` when the policy places jobs on hosts."""
     holding = job.state != _PENDING
