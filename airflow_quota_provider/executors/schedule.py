@@ -3,7 +3,6 @@ the policy core what to do. Acting on the answer is :mod:`.act`'s."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -11,6 +10,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import and_, select, update
 
 from airflow_quota_provider.executors.launcher import HostDevices
+from airflow_quota_provider.models.coordination import UNQUEUED
 from airflow_quota_provider.models.job import ActiveJob, JobState, QuotaJob, QuotaPreemptionCount, active_job_rows, policy_job
 from airflow_quota_provider.policy import Decision, Host, Job, Queue, State, decide
 from airflow_quota_provider.policy.backlog import Backlog
@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from airflow_quota_provider.executors.quota_executor import QuotaExecutor
 
 
+NO_HOST = "(no GPU host registered yet)"
+_DECIDED_ON = ActiveJob._fields.index("pending_reason")
+"""The columns of :class:`ActiveJob` that the policy's view of a job depends on come first."""
 _PENDING = JobState.PENDING.value  # read once: an Enum member's .value costs a descriptor call per job
 
 
@@ -33,6 +36,8 @@ class QueueCycle:
     running: list[Job] = field(default_factory=list)
     pending: dict[str, Job] = field(default_factory=dict)
     """The waiting jobs by id (the policy gets them as the queue's :class:`Backlog`)."""
+    said: dict[str, tuple[str | None, int | None]] = field(default_factory=dict)
+    """Waiting job id -> (pending reason, position) as its row says now."""
     decision: Decision | None = None
 
 
@@ -49,15 +54,16 @@ class Schedule:
         if not jobs:
             self._states, self._backlogs = {}, {}
             return False
-        now = time.time()
+        now = self._now
         cycles, changed = self._queue_states(jobs, session)
-        self._states, self._reasons_next = {}, {}
-        self._backlogs = {c.queue.name: _backlog(self._backlogs.get(c.queue.name), c.pending) for c in cycles}
+        self._states = {}
+        # Kept for queues the other scheduler decided this heartbeat: brought up to date when ours again.
+        kept = {name: b for name, b in self._backlogs.items() if name not in self._locked}
+        self._backlogs = kept | {c.queue.name: _backlog(self._backlogs.get(c.queue.name), c.pending) for c in cycles}
         for cycle in cycles:
             state = self._states[cycle.queue.name] = self._policy_state(cycle, self._backlogs[cycle.queue.name])
             cycle.decision = decide(state, now)
             changed |= self._act(cycle, now, session)
-        self._reasons = self._reasons_next
         return self._launch_admitted(session) or changed
 
     def _queue_states(self: QuotaExecutor, jobs: Sequence[ActiveJob], session: Session) -> tuple[list[QueueCycle], bool]:
@@ -75,22 +81,25 @@ class Schedule:
                 continue  # revoked or not yet queued again: keeps its place, invisible until then
             queue = queue_of.get(job.quota)
             if queue is None:
-                if job.state == _PENDING:
+                if job.state == _PENDING and UNQUEUED in self._locked:
                     row = session.get(QuotaJob, job.id)
                     self._reject(row, self._unknown_quota_message(row, list(queue_of)), session)
                     changed = True
                 continue
+            if queue.name not in self._locked:
+                continue  # the other scheduler decides for this queue this heartbeat
             if job.queue_name != queue.name:
                 moved.setdefault(queue.name, []).append(job.id)
             cycle = cycles.get(queue.name)
             if cycle is None:
                 cycle = cycles[queue.name] = QueueCycle(queue, [h for h in hosts if h.queue == queue.name])
             # The same columns and count give the same policy job: most cycles rebuild none of them.
-            key = (job, counts.get(job.id, 0))
+            key = (job[:_DECIDED_ON], counts.get(job.id, 0))
             pj = known.get(key) or policy_job(job, key[1], placed=placed)
             seen[key] = pj
             if job.state == _PENDING:
                 cycle.pending[pj.id] = pj
+                cycle.said[pj.id] = (job.pending_reason, job.pending_position)
             else:
                 cycle.running.append(pj)
         self._policy_jobs = seen
@@ -112,6 +121,8 @@ class Schedule:
             if job.host not in hosts:
                 unknown[job.host] = unknown.get(job.host, 0) + job.gpus
         hosts.update((name, Host(name, gpus, down=True)) for name, gpus in unknown.items())
+        if not hosts:  # none registered yet (the scheduler started first): jobs wait for them
+            hosts[NO_HOST] = Host(NO_HOST, cycle.queue.capacity, down=True)
         return State.for_queue(cycle.queue, cycle.running, backlog, hosts=sorted(hosts.values(), key=lambda h: h.name))
 
     def _unknown_quota_message(self: QuotaExecutor, job: QuotaJob, names: list[str]) -> str:
