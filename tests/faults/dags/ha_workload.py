@@ -36,11 +36,11 @@ with DAG("ha_high", schedule=None, start_date=START, catchup=False, max_active_t
     for i in range(HIGH):
         gpu_task(f"high_{i:03d}", QUOTAS[(i * 3) % 4], gpus=1 + (i % 2), priority=100 + i % 7, seconds=2)
 
-# A scheduler whose clock runs 30 s ahead admits these (they fill the fleet); the other scheduler
-# must still preempt one of them at once for ``urgent``.
+# A scheduler whose clock runs 30 s ahead admits these (q0 fills the fleet, borrowing 9 GPUs); the
+# other scheduler must reclaim a host from one of them at once for q1's ``urgent``.
 with DAG("skew_low", schedule=None, start_date=START, catchup=False):
     for i in range(3):
         gpu_task(f"skewed_{i}", "q0", gpus=4, priority=1, seconds=120)
 
 with DAG("skew_high", schedule=None, start_date=START, catchup=False):
-    gpu_task("urgent", "q0", gpus=4, priority=500, seconds=1)
+    gpu_task("urgent", "q1", gpus=3, priority=500, seconds=1)
