@@ -142,6 +142,15 @@ def get_provider_info():
                         "example": "5",
                         "default": "5",
                     },
+                    "launch_start_timeout_s": {
+                        "description": "A launch that its GPU host has not taken this long after it was "
+                        "sent (its message lost, for example with a broker restart) is undone: the job "
+                        "goes back to its place and is launched again; a late delivery is refused.",
+                        "version_added": "0.2.0",
+                        "type": "float",
+                        "example": "60",
+                        "default": "60",
+                    },
                     "host_lost_after_s": {
                         "description": "A GPU host silent this long is lost: its GPUs leave the pool and "
                         "its jobs are requeued at their original place without using an Airflow retry "

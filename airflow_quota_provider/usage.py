@@ -16,10 +16,9 @@ from airflow_quota_provider.policy import CohortUsage, QuotaUsage, State, summar
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from sqlalchemy import Row
-
     from sqlalchemy.orm import Session
 
+    from airflow_quota_provider.models.job import ActiveJob
     from airflow_quota_provider.policy import Cohort, Queue, Quota, QuotaFile
 
 
@@ -84,7 +83,7 @@ def cohort_rows(quota_file: QuotaFile, *, session: Session, states: Mapping[str,
     return rows
 
 
-def _queue_states(quota_file: QuotaFile, jobs: Sequence[Row]) -> dict[str, State]:
+def _queue_states(quota_file: QuotaFile, jobs: Sequence[ActiveJob]) -> dict[str, State]:
     queue_of = {q.name: queue for queue in quota_file.queues for q in queue.quotas}
     running: dict[str, list] = {queue.name: [] for queue in quota_file.queues}
     pending: dict[str, list] = {queue.name: [] for queue in quota_file.queues}

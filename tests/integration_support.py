@@ -155,11 +155,12 @@ class AirflowInstance:
             raise AssertionError(f"airflow {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
         return result
 
-    def start_process(self, name: str, *args: str) -> subprocess.Popen:
+    def start_process(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """``airflow *args`` as process ``name`` (log ``<name>.log``), with ``env`` over this home's."""
         log = open(self.home / f"{name}.log", "ab")
         proc = subprocess.Popen(
             [str(VENV_BIN / "airflow"), *args],
-            env=self.env,
+            env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=self.home,

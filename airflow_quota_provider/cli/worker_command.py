@@ -56,15 +56,28 @@ def _job_queue(queues: str) -> str:
 
 
 def _heartbeat(name: str, every: float, stop: threading.Event) -> None:
+    """Say the host is alive, and end the launches whose pool process died without saying so."""
     from airflow.utils.session import create_session
-    from airflow_quota_provider.models.host import heartbeat_host
+    from airflow_quota_provider.models.host import end_dead_launches, heartbeat_host
 
     while not stop.wait(every):
         try:
             with create_session() as session:
                 heartbeat_host(name, session=session)
+                for handle in end_dead_launches(name, _alive, session=session):
+                    log.warning("Launch %s ended with its pool process (killed or died)", handle)
         except Exception:
             log.exception("Heartbeat of host %s failed; trying again in %.0f s", name, every)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def worker(args) -> None:

@@ -3,16 +3,15 @@ their devices on a host, and launch them once that is committed."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Integer, Text, column, update, values
 
 from airflow.executors import workloads
 from airflow.utils.state import TaskInstanceState
-from airflow_quota_provider.executors.task_instances import fail_ti, ti_key, ti_state
+from airflow_quota_provider.executors.task_instances import fail_ti, ti_state
 from airflow_quota_provider.models import transitions
-from airflow_quota_provider.models.job import EventKind, QuotaJob, allocated_devices, devices_of, preemption_count, record_event
+from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, allocated_devices, devices_of, preemption_count, record_event
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -31,11 +30,15 @@ class Act:
         decision = cycle.decision
         changed = False
         for rejection in decision.reject:
-            self._reject(_load(session, rejection.id), rejection.reason, session)
-            changed = True
+            job = _load(session, rejection.id)
+            if job.state == JobState.PENDING.value:  # else revoked and dropped since this cycle read it
+                self._reject(job, rejection.reason, session)
+                changed = True
         for preemption in decision.preempt:
-            self._preempt(_load(session, preemption.id), preemption, cycle, now, session)
-            changed = True
+            job = _load(session, preemption.id)
+            if job.state == JobState.RUNNING.value:
+                self._preempt(job, preemption, cycle, now, session)
+                changed = True
         in_use: dict[str, int] = {}
         for job in cycle.running:
             in_use[job.quota] = in_use.get(job.quota, 0) + job.gpus
@@ -43,14 +46,11 @@ class Act:
         for job_id in decision.admit:
             host = self._host_for(cycle, decision, job_id)
             changed |= self._admit(_load(session, job_id), cycle, host, held, in_use, now, session)
-        # Only what changed since this executor last wrote it: a job not waiting in the last cycle
-        # (new, requeued, its launch undone) is written whatever its row says.
-        written, reasons = self._reasons, []
+        # Only what differs from what the row says (whichever scheduler wrote it last).
+        said, reasons = cycle.said, []
         for p in decision.pending:
-            said = (p.reason, p.position)
-            if written.get(p.id) != said:
+            if said.get(p.id) != (p.reason, p.position):
                 reasons.append({"id": int(p.id), "pending_reason": p.reason, "pending_position": p.position})
-            self._reasons_next[p.id] = said
         if reasons:
             _write_reasons(reasons, session)
         return changed or bool(reasons)
@@ -66,8 +66,7 @@ class Act:
     def _reject(self: QuotaExecutor, job: QuotaJob, reason: str, session: Session) -> None:
         """A job that can never run: fail its task with the reason, keep serving everyone else."""
         fail_ti(job, f"QuotaExecutor: {reason}", session, from_states=[TaskInstanceState.QUEUED])
-        transitions.reject(job, reason, now=time.time(), session=session)
-        self.running.discard(ti_key(job))
+        transitions.reject(job, reason, now=self._now, session=session)
 
     def _preempt(self: QuotaExecutor, job: QuotaJob, preemption: Preemption, cycle: QueueCycle, now: float, session: Session) -> None:
         """Tell a running job to stop: deliver its notice; the deadline is its grace period."""
@@ -101,10 +100,11 @@ class Act:
         session: Session,
     ) -> bool:
         """Give an admitted job its devices (lowest free indexes on its host) and mark it running."""
+        if job.state != JobState.PENDING.value or not job.workload:
+            return False  # revoked since this cycle read it
         state = ti_state(job, session)
         if state != TaskInstanceState.QUEUED:  # cleared or marked by a person while it waited
             transitions.drop(job, f"dropped: its task instance is {state or 'none'}, no longer queued", now=now, session=session)
-            self.running.discard(ti_key(job))
             return True
         free = [d for d in host.devices if (host.name, d) not in held] if host else []
         if len(free) < job.gpus:
@@ -112,7 +112,8 @@ class Act:
             return False
         devices = free[: job.gpus]
         held.update((host.name, d) for d in devices)
-        transitions.admit(job, host=host.name, devices=devices, now=now, session=session)
+        by = f"by scheduler job {self.job_id}" if self.job_id is not None else None
+        transitions.admit(job, host=host.name, devices=devices, now=now, by=by, session=session)
         in_use[job.quota] = in_use.get(job.quota, 0) + job.gpus
         capacity = cycle.queue.quota(job.quota).capacity
         if in_use[job.quota] > capacity:
@@ -159,7 +160,9 @@ class Act:
 
 
 def _load(session: Session, job_id: str) -> QuotaJob:
-    return session.get(QuotaJob, int(job_id))
+    """A job the decision changes, as it is now and locked until the cycle commits (a revoke by the
+    scheduler that queued it does not wait for the job queue's lock)."""
+    return session.get(QuotaJob, int(job_id), with_for_update=True, populate_existing=True)
 
 
 def _write_reasons(rows: list[dict], session: Session) -> None:

@@ -14,10 +14,12 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from airflow_quota_provider.executors.celery_worker import TASK_NAME, host_queue
-from airflow_quota_provider.executors.launcher import HostDevices, Liveness, Status
 from sqlalchemy import select
 
+from airflow.configuration import conf
+from airflow_quota_provider.executors.celery_worker import TASK_NAME, host_queue
+from airflow_quota_provider.executors.launcher import HostDevices, Liveness, Status
+from airflow_quota_provider.models.coordination import db_now
 from airflow_quota_provider.models.host import (
     HostState,
     LaunchState,
@@ -35,7 +37,8 @@ if TYPE_CHECKING:
     from airflow_quota_provider.policy import QuotaFile
 
 
-_CANCELLED, _ENDED, _TASK_EXITED = LaunchState.CANCELLED.value, LaunchState.ENDED.value, LaunchState.TASK_EXITED.value
+_CANCELLED, _ENDED, _SENT = LaunchState.CANCELLED.value, LaunchState.ENDED.value, LaunchState.SENT.value
+_TASK_EXITED = LaunchState.TASK_EXITED.value
 
 
 class CeleryLauncher:
@@ -73,19 +76,22 @@ class CeleryLauncher:
     def status(self, handles: Mapping[str, int], *, session: Session) -> dict[str, Status]:
         """From the launch rows (plain rows: thousands run at once) and the lost hosts."""
         rows = {
-            handle: (state, rc, host)
-            for handle, state, rc, host in session.execute(
-                select(QuotaLaunch.handle, QuotaLaunch.state, QuotaLaunch.rc, QuotaLaunch.host).where(
+            handle: (state, rc, host, sent_at)
+            for handle, state, rc, host, sent_at in session.execute(
+                select(QuotaLaunch.handle, QuotaLaunch.state, QuotaLaunch.rc, QuotaLaunch.host, QuotaLaunch.sent_at).where(
                     QuotaLaunch.job_id.in_(set(handles.values()))
                 )
             )
         }
+        sent_before = db_now(session) - conf.getfloat("quota", "launch_start_timeout_s", fallback=60.0)
         lost = set(session.scalars(select(QuotaHost.name).where(QuotaHost.state == HostState.LOST.value)))
         running, ended = Status(Liveness.RUNNING), Status(Liveness.ENDED)
         out = {}
         for handle in handles:
-            state, rc, host = rows.get(handle, (_CANCELLED, None, None))
-            if state == _CANCELLED:
+            state, rc, host, sent_at = rows.get(handle, (_CANCELLED, None, None, None))
+            if state == _SENT and sent_at < sent_before:
+                out[handle] = Status(Liveness.NEVER_STARTED)
+            elif state == _CANCELLED:
                 out[handle] = ended
             elif state == _ENDED:
                 out[handle] = Status(Liveness.ENDED, rc)
@@ -106,10 +112,11 @@ class CeleryLauncher:
         launch = launches([handle], session=session).get(handle)
         if launch is None:
             return
-        if launch.worker_pid:
+        if launch.worker_pid:  # the pool process lives on to record the end
             self._command(launch.host, "quota_kill", {"worker_pid": launch.worker_pid}, session)
-        destination = self._destination(launch.host, session)
-        self.app.control.revoke(handle, terminate=True, signal="SIGKILL", destination=destination)
+        # Not started yet: never start it. (terminate=True would kill the pool process itself,
+        # which then could not record the end, and the job would hold its GPUs.)
+        self.app.control.revoke(handle, destination=self._destination(launch.host, session))
 
     def forget(self, handle: str, *, session: Session) -> None:
         cancel_launches([handle], session=session)

@@ -33,6 +33,9 @@ class Liveness(str, Enum):
     """The supervisor is gone; ``rc`` is its exit code, None when it was killed."""
     LOST = "lost"
     """Its host is lost: nothing more will be heard of it."""
+    NEVER_STARTED = "never_started"
+    """Sent, and not taken by its host within ``[quota] launch_start_timeout_s`` (a message lost
+    with a broker restart): the launch is undone and the job goes back to its place."""
 
 
 @dataclass(frozen=True)

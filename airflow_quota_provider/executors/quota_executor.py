@@ -32,6 +32,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,7 @@ from airflow_quota_provider.executors.reconcile import Reconcile
 from airflow_quota_provider.executors.schedule import Schedule
 from airflow_quota_provider.metrics import emit_metrics
 from airflow_quota_provider.models import transitions
+from airflow_quota_provider.models.coordination import UNQUEUED, db_now, try_lock
 from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, record_event
 
 if TYPE_CHECKING:
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from airflow.models.taskinstancekey import TaskInstanceKey
     from airflow_quota_provider.executors.launcher import Launcher
     from airflow_quota_provider.policy import Job, QuotaFile, State
+    from airflow_quota_provider.policy.backlog import Backlog
 
 SCHEDULE_EVERY_S = 1.0
 
@@ -78,15 +81,19 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         self._fleet_problem = ""
         self._dirty = True
         self._to_launch: list[QuotaJob] = []
-        self._reasons: dict[str, tuple[str, int]] = {}
-        """Job id -> (pending reason, position) as this executor last wrote them, for the jobs waiting
-        in the last cycle (a restarted executor writes every one once)."""
-        self._reasons_next: dict[str, tuple[str, int]] = {}
         self._policy_jobs: dict[tuple, Job] = {}
         """(job row, preemptions) -> the policy's job, from the last cycle."""
+        self._backlogs: dict[str, Backlog] = {}
+        """Job queue -> its waiting jobs in queue order, kept between cycles."""
         self._states: dict[str, State] = {}
         """Job queue -> the state of the last scheduling cycle (for the metrics)."""
         self._metrics_cursor: int | None = None
+        self._now = time.time()
+        """This cycle's time by the database's clock (:func:`~airflow_quota_provider.models.coordination.db_now`)."""
+        self._locked: set[str] = set()
+        """The job queues (and :data:`UNQUEUED`) this cycle holds the lock of."""
+        self._failed_cycles = 0
+        self._last_handover_check = 0.0
         self._load_startup_config()
 
     @property
@@ -144,6 +151,26 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
             )
         with create_session() as session:
             self._sync_pools(session)
+            self._warn_of_a_second_scheduler_on_sqlite(session)
+
+    def _warn_of_a_second_scheduler_on_sqlite(self, session: Session) -> None:
+        """SQLite has no advisory locks, so two schedulers there could hand the same GPUs out twice."""
+        if session.get_bind().dialect.name != "sqlite":
+            return
+        from airflow.jobs.job import Job
+
+        alive = datetime.now(timezone.utc) - timedelta(seconds=conf.getfloat("scheduler", "scheduler_health_check_threshold"))
+        others = session.scalars(
+            select(Job.id).where(
+                Job.job_type == "SchedulerJob", Job.state == "running", Job.latest_heartbeat > alive, Job.id != self.job_id
+            )
+        ).all()
+        if others:
+            self.log.error(
+                "Another scheduler (job %s) runs on this SQLite database: QuotaExecutor supports one scheduler "
+                "on SQLite (it cannot lock job queues there); use PostgreSQL to run two (docs/fleet.md)",
+                ", ".join(map(str, others)),
+            )
 
     def end(self) -> None:
         """Stop scheduling (nothing new starts); running tasks keep running and the next scheduler
@@ -152,7 +179,9 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
             return
         try:
             with create_session() as session:
+                self._begin_cycle(session)
                 self._watch_launches(session)
+                self._report(session)
         except Exception:
             self.log.exception("QuotaExecutor could not settle ended tasks at shutdown")
 
@@ -185,7 +214,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         session = object_session(ti)
         if session is None:
             return
-        job = self._job_for_key(ti.key, session)
+        job = self._job_for_key(ti.key, session, lock=True)  # the other scheduler may be admitting it
         self.running.discard(ti.key)
         self._dirty = True
         if job is None:
@@ -197,7 +226,8 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         session.flush()
 
     def try_adopt_task_instances(self, tis: Sequence[TaskInstance]) -> Sequence[TaskInstance]:
-        """Adopt every task instance that has a live job row; the tables hold all the state."""
+        """Adopt every task instance that has a live job row, or an end not yet reported; the tables
+        hold all the state, and Airflow makes this scheduler the task instances' ``queued_by_job_id``."""
         from sqlalchemy.orm import object_session
 
         not_adopted: list[TaskInstance] = []
@@ -209,11 +239,16 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
             ok = job is not None and (
                 job.state in (JobState.RUNNING.value, JobState.STOPPING.value)
                 or (job.state == JobState.PENDING.value and job.workload)
+                or job.report is not None  # ended while its scheduler was gone: reported by this one
             )
             if not ok:
                 not_adopted.append(ti)
                 continue
-            record_event(EventKind.ADOPTED, job=job, session=session, message=f"ti state {ti.state}")
+            if ti.queued_by_job_id != self.job_id:  # Airflow also hands back a scheduler's own after a stall
+                record_event(
+                    EventKind.ADOPTED, job=job, session=session,
+                    message=f"by scheduler job {self.job_id} from scheduler job {ti.queued_by_job_id}; ti state {ti.state}",
+                )
             self.running.add(ti.key)
         return not_adopted
 
@@ -225,14 +260,15 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
             return
         try:
             with create_session() as session:
+                self._begin_cycle(session)
                 # Airflow's sessions do not autoflush: flush after each step so that the next
                 # step's queries see its changes.
                 for step in (
-                    self._reload_quota_file,
                     self._fail_tasks_on_missing_pools,
                     self._check_hosts,
                     self._watch_launches,
                     self._enforce_deadlines,
+                    self._report,
                 ):
                     self._dirty |= bool(step(session))
                     session.flush()
@@ -244,26 +280,47 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
                     self._last_schedule = now
                     self._schedule(session)
                     session.flush()
+                    # A queue decided by the other scheduler this heartbeat is read from the table.
+                    decided_all = all(q.name in self._locked for q in self.quota_file.queues)
                     self._metrics_cursor = emit_metrics(
-                        self.quota_file, session=session, since_event_id=self._metrics_cursor, states=self._states
+                        self.quota_file, session=session, since_event_id=self._metrics_cursor,
+                        states=self._states if decided_all else None,
                     )
                 self._keep_queued_alive(session)
+                self._forget_handed_over(session)
         except Exception:
-            self._to_launch, self._reasons = [], {}  # rolled back: nothing of this cycle was written
-            self.log.exception("QuotaExecutor cycle failed; it is retried on the next heartbeat")
+            self._to_launch = []  # rolled back: nothing of this cycle was written
+            self._failed_cycles += 1
+            if self._failed_cycles == 1:  # once per outage (a database restart fails every heartbeat)
+                self.log.exception("QuotaExecutor cycle failed; it is retried on every heartbeat until it works")
+            return
+        if self._failed_cycles:
+            self.log.warning("QuotaExecutor cycles work again after %d failed", self._failed_cycles)
+            self._failed_cycles = 0
+
+    def _begin_cycle(self, session: Session) -> None:
+        """Read the quota file if edited, the database's clock, and which job queues this executor
+        decides for this heartbeat (the locks go with the cycle's commit)."""
+        self._dirty |= self._reload_quota_file(session)
+        self._now = db_now(session)
+        self._locked = try_lock([q.name for q in self.quota_file.queues] + [UNQUEUED], session=session)
+        missed = len(self.quota_file.queues) + 1 - len(self._locked)
+        if missed:
+            self._dirty = True  # decide next heartbeat what the other scheduler may not have
 
     # ----------------------------------------------------------------------------------- helpers
 
-    def _job_for_key(self, key: TaskInstanceKey, session: Session) -> QuotaJob | None:
-        return session.scalars(
-            select(QuotaJob).where(
-                QuotaJob.dag_id == key.dag_id,
-                QuotaJob.run_id == key.run_id,
-                QuotaJob.task_id == key.task_id,
-                QuotaJob.map_index == key.map_index,
-                QuotaJob.try_number == key.try_number,
-            )
-        ).first()
+    def _job_for_key(self, key: TaskInstanceKey, session: Session, *, lock: bool = False) -> QuotaJob | None:
+        query = select(QuotaJob).where(
+            QuotaJob.dag_id == key.dag_id,
+            QuotaJob.run_id == key.run_id,
+            QuotaJob.task_id == key.task_id,
+            QuotaJob.map_index == key.map_index,
+            QuotaJob.try_number == key.try_number,
+        )
+        if lock:
+            query = query.with_for_update().execution_options(populate_existing=True)
+        return session.scalars(query).first()
 
     def _submit(self, workload: workloads.ExecuteTask, session: Session) -> QuotaJob:
         """Create the job for a newly queued task, or give a known job (preempted, revoked) its new
@@ -276,8 +333,10 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         quota = extras.get("quota") or (pool if pool != Pool.DEFAULT_POOL_NAME else "") or conf.get(
             "quota", "default_quota", fallback=""
         )
-        now = time.time()
-        job = self._job_for_key(ti.key, session)
+        now = db_now(session)
+        # Locked until the scheduler commits: the other scheduler may be settling this job (a
+        # preempted task queued again) and must not decide on what it read before.
+        job = self._job_for_key(ti.key, session, lock=True)
         if job is None:
             job = QuotaJob(
                 dag_id=ti.dag_id,

@@ -7,13 +7,15 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import and_, or_, select, update
 
 from airflow.configuration import conf
 from airflow.executors.executor_loader import ExecutorLoader
+from airflow.jobs.job import Job
 from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
-from airflow.utils.state import TaskInstanceState
+from airflow.models.taskinstancekey import TaskInstanceKey
+from airflow.utils.state import JobState as SchedulerState, TaskInstanceState
 from airflow_quota_provider.executors.launcher import Liveness
 from airflow_quota_provider.executors.task_instances import (
     BACK_IN_LINE,
@@ -21,12 +23,14 @@ from airflow_quota_provider.executors.task_instances import (
     fail_ti,
     mark_failed,
     set_ti_state,
+    ti_filter,
     ti_key,
     ti_state,
 )
 from airflow_quota_provider.models import transitions
+from airflow_quota_provider.models.coordination import HOSTS, try_lock
 from airflow_quota_provider.models.host import mark_lost_hosts
-from airflow_quota_provider.models.job import JobState, QuotaJob
+from airflow_quota_provider.models.job import JobState, QuotaJob, Report
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -37,25 +41,32 @@ if TYPE_CHECKING:
 FORCE_KILL_AFTER_S = 60.0
 KEEPALIVE_EVERY_S = 5.0
 HOST_CHECK_EVERY_S = 2.0
+HANDOVER_CHECK_EVERY_S = 10.0
+_HOLDING = (JobState.RUNNING.value, JobState.STOPPING.value)
 
 
 class Reconcile:
     """Mixed into :class:`QuotaExecutor`."""
 
     def _holding_handles(self: QuotaExecutor, session: Session) -> dict[str, int]:
-        """Handle -> job id of every job holding devices under a launch."""
+        """Handle -> job id of every job holding devices under a launch, in the job queues this
+        executor decides for this cycle."""
         rows = session.execute(
             select(QuotaJob.handle, QuotaJob.id).where(
-                QuotaJob.state.in_([JobState.RUNNING.value, JobState.STOPPING.value]), QuotaJob.handle.is_not(None)
+                QuotaJob.state.in_([JobState.RUNNING.value, JobState.STOPPING.value]),
+                QuotaJob.handle.is_not(None),
+                QuotaJob.queue_name.in_(self._locked),
             )
         )
         return {handle: job_id for handle, job_id in rows}
 
     def _check_hosts(self: QuotaExecutor, session: Session) -> bool:
         """Mark hosts that stopped heartbeating as lost (their jobs are evicted by :meth:`_watch_launches`)."""
-        now = time.time()
+        now = self._now
         if not self.launcher.places_on_hosts or now - self._last_host_check < HOST_CHECK_EVERY_S:
             return False
+        if not try_lock([HOSTS], session=session):
+            return False  # the other scheduler checks them this heartbeat
         self._last_host_check = now
         lost = mark_lost_hosts(conf.getfloat("quota", "host_lost_after_s", fallback=30.0), now=now, session=session)
         for host in lost:
@@ -94,7 +105,9 @@ class Reconcile:
         for handle, status in self.launcher.status(handles, session=session).items():
             if status.liveness == Liveness.RUNNING:
                 continue
-            job = session.get(QuotaJob, handles[handle])
+            job = _lock_row(session, handles[handle])
+            if job.handle != handle or job.state not in _HOLDING:
+                continue  # settled meanwhile (by the scheduler that queued it again, or a revoke)
             state = ti_state(job, session)
             if status.liveness == Liveness.TASK_EXITED:
                 # Not started yet, or ended without a word (wait for the supervisor); asked again
@@ -107,6 +120,12 @@ class Reconcile:
                 self._evict(job, state, session)
                 changed = True
                 continue
+            elif status.liveness == Liveness.NEVER_STARTED and job.state == JobState.RUNNING.value:
+                self.launcher.forget(job.handle, session=session)  # a late delivery is refused there
+                transitions.launch_failed(job, f"not started by host {job.host} in time; launched again", session=session)
+                self.log.warning("%s was never started on %s; it goes back to its place", job.ti_label(), job.host)
+                changed = True
+                continue
             else:
                 ended = f"exit code {status.rc}" if status.rc is not None else None
             self.launcher.forget(job.handle, session=session)
@@ -115,24 +134,63 @@ class Reconcile:
         return changed
 
     def _settle(self: QuotaExecutor, job: QuotaJob, state: str | None, ended: str | None, session: Session) -> None:
-        now = time.time()
+        """The job's process is gone: free its devices; what Airflow hears of it is :meth:`_report`'s."""
         if job.state == JobState.STOPPING.value and job.preempt_fail_message:
             fail_ti(job, job.preempt_fail_message, session)
-            transitions.fail_at_limit(job, now=now, session=session)
-            self.running.discard(ti_key(job))
-        elif job.state == JobState.STOPPING.value and state in BACK_IN_LINE:
+            transitions.fail_at_limit(job, now=self._now, session=session)
+        elif job.state == JobState.STOPPING.value and state in BACK_IN_LINE | {TaskInstanceState.RUNNING}:
+            if state == TaskInstanceState.RUNNING:
+                # Killed while it started (its task instance was still queued at the deadline): the
+                # try ended by preemption all the same, so it uses no retry.
+                set_ti_state(job, TaskInstanceState.UP_FOR_RESCHEDULE, from_states=[TaskInstanceState.RUNNING], session=session)
+                state = TaskInstanceState.UP_FOR_RESCHEDULE
             requeued = state == TaskInstanceState.QUEUED and bool(job.workload)
             transitions.settle_stopped(job, requeued=requeued, session=session)
-            if not requeued:
-                self.running.discard(ti_key(job))
         else:
-            transitions.finish(job, ended or "process killed", now=now, session=session)
+            transitions.finish(job, ended or "process killed", killed=ended is None, now=self._now, session=session)
+
+    def _report(self: QuotaExecutor, session: Session) -> bool:
+        """Tell this scheduler how the jobs of the task instances it queued ended, whichever
+        scheduler settled them (Airflow heeds an executor event only from the scheduler that queued
+        the task, ``queued_by_job_id``). Reports whose scheduler is gone are taken by anyone (the
+        one that adopts its task instances becomes their scheduler)."""
+        query = select(QuotaJob).where(QuotaJob.report.is_not(None))
+        if self.job_id is not None:
+            owner = TaskInstance.queued_by_job_id
+            query = (
+                query.outerjoin(TaskInstance, and_(*ti_filter(QuotaJob)))
+                .outerjoin(Job, Job.id == owner)
+                .where(or_(owner == self.job_id, owner.is_(None), Job.state.is_distinct_from(SchedulerState.RUNNING)))
+            )
+        jobs = session.scalars(query.with_for_update(of=QuotaJob, skip_locked=True)).all()
+        for job in jobs:
             key = ti_key(job)
-            self.running.add(key)  # change_state removes it
-            if ended is None:
-                self.fail(key, info="QuotaExecutor: the task process was killed")
+            if job.report == Report.RELEASED.value:
+                self.running.discard(key)
             else:
-                self.success(key)
+                self.running.add(key)  # change_state removes it (it may have been queued by another)
+                if job.report == Report.FAILED.value:
+                    self.fail(key, info="QuotaExecutor: the task process was killed")
+                else:
+                    self.success(key)
+            job.report = None
+        return False
+
+    def _forget_handed_over(self: QuotaExecutor, session: Session) -> None:
+        """Stop counting task instances that another scheduler queued again (after a preemption
+        settled elsewhere): that scheduler's executor holds them now."""
+        if self.job_id is None or not self.running or self._now - self._last_handover_check < HANDOVER_CHECK_EVERY_S:
+            return
+        self._last_handover_check = self._now
+        ti = TaskInstance
+        rows = session.execute(
+            select(ti.dag_id, ti.task_id, ti.run_id, ti.try_number, ti.map_index).where(
+                ti.queued_by_job_id != self.job_id,
+                ti.state.in_([TaskInstanceState.QUEUED, TaskInstanceState.RUNNING, TaskInstanceState.UP_FOR_RESCHEDULE]),
+            )
+        )
+        for row in rows:
+            self.running.discard(TaskInstanceKey(*row))
 
     def _evict(self: QuotaExecutor, job: QuotaJob, state: str | None, session: Session) -> None:
         """The job's host is lost: stop its task instance without a retry and put the job back in
@@ -147,16 +205,18 @@ class Reconcile:
             state = TaskInstanceState.UP_FOR_RESCHEDULE
         requeued = state == TaskInstanceState.QUEUED and bool(job.workload)
         transitions.evict(job, requeued=requeued, why=why, session=session)
-        if not requeued:
-            self.running.discard(ti_key(job))
         self.log.warning("Evicted %s: %s; it waits at its original place", job.ti_label(), why)
 
     def _enforce_deadlines(self: QuotaExecutor, session: Session) -> bool:
         """Past its grace period, a stopping task is set to up_for_reschedule so that its supervisor
         ends it (or to failed, past its preemption limit); it is killed if that does not work."""
-        now = time.time()
+        now = self._now
         changed = False
-        stopping = session.scalars(select(QuotaJob).where(QuotaJob.state == JobState.STOPPING.value)).all()
+        stopping = session.scalars(
+            select(QuotaJob)
+            .where(QuotaJob.state == JobState.STOPPING.value, QuotaJob.queue_name.in_(self._locked))
+            .with_for_update()
+        ).all()
         for job in stopping:
             if job.forced_at is not None:
                 if now - job.forced_at > FORCE_KILL_AFTER_S and job.handle:
@@ -166,9 +226,10 @@ class Reconcile:
             if job.preempt_deadline is None or now < job.preempt_deadline:
                 continue
             target = TaskInstanceState.FAILED if job.preempt_fail_message else TaskInstanceState.UP_FOR_RESCHEDULE
-            moved = set_ti_state(job, target, from_states=[TaskInstanceState.RUNNING], session=session)
-            if not moved and ti_state(job, session) == TaskInstanceState.QUEUED and job.handle:
-                self.launcher.kill(job.handle, session=session)  # the task never reported running: nothing to lose
+            # A task still starting (queued) is moved too: its start is then refused (409) and it
+            # ends cleanly. Killing it instead races its start, and a task killed just after it
+            # reported running fails, using a retry.
+            set_ti_state(job, target, from_states=[TaskInstanceState.RUNNING, TaskInstanceState.QUEUED], session=session)
             transitions.force_stop(job, target=target.value, now=now, session=session)
             changed = True
             self.log.info("Grace period over for %s: task set to %s", job.ti_label(), target.value)
@@ -239,3 +300,9 @@ class Reconcile:
             where = [TaskInstance.id == ti.id, TaskInstance.state == TaskInstanceState.SCHEDULED]
             mark_failed(where, ti.key, ti.key, message, session)
         return bool(tis)
+
+
+def _lock_row(session: Session, job_id: int) -> QuotaJob:
+    """The job as it is now, locked until this cycle commits: the other scheduler may have settled
+    it, or queued its task again, since this cycle read it."""
+    return session.get(QuotaJob, job_id, with_for_update=True, populate_existing=True)

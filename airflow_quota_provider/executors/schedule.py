@@ -3,16 +3,17 @@ the policy core what to do. Acting on the answer is :mod:`.act`'s."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Row, and_, select, update
+from sqlalchemy import and_, select, update
 
 from airflow_quota_provider.executors.launcher import HostDevices
-from airflow_quota_provider.models.job import JobState, QuotaJob, QuotaPreemptionCount, active_job_rows, policy_job
+from airflow_quota_provider.models.coordination import UNQUEUED
+from airflow_quota_provider.models.job import ActiveJob, JobState, QuotaJob, QuotaPreemptionCount, active_job_rows, policy_job
 from airflow_quota_provider.policy import Decision, Host, Job, Queue, State, decide
+from airflow_quota_provider.policy.backlog import Backlog
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -20,6 +21,9 @@ if TYPE_CHECKING:
     from airflow_quota_provider.executors.quota_executor import QuotaExecutor
 
 
+NO_HOST = "(no GPU host registered yet)"
+_DECIDED_ON = ActiveJob._fields.index("pending_reason")
+"""The columns of :class:`ActiveJob` that the policy's view of a job depends on come first."""
 _PENDING = JobState.PENDING.value  # read once: an Enum member's .value costs a descriptor call per job
 
 
@@ -30,7 +34,10 @@ class QueueCycle:
     queue: Queue
     hosts: list[HostDevices]
     running: list[Job] = field(default_factory=list)
-    pending: list[Job] = field(default_factory=list)
+    pending: dict[str, Job] = field(default_factory=dict)
+    """The waiting jobs by id (the policy gets them as the queue's :class:`Backlog`)."""
+    said: dict[str, tuple[str | None, int | None]] = field(default_factory=dict)
+    """Waiting job id -> (pending reason, position) as its row says now."""
     decision: Decision | None = None
 
 
@@ -45,19 +52,21 @@ class Schedule:
         """
         jobs = active_job_rows(session=session)
         if not jobs:
-            self._states = {}
+            self._states, self._backlogs = {}, {}
             return False
-        now = time.time()
+        now = self._now
         cycles, changed = self._queue_states(jobs, session)
-        self._states, self._reasons_next = {}, {}
+        self._states = {}
+        # Kept for queues the other scheduler decided this heartbeat: brought up to date when ours again.
+        kept = {name: b for name, b in self._backlogs.items() if name not in self._locked}
+        self._backlogs = kept | {c.queue.name: _backlog(self._backlogs.get(c.queue.name), c.pending) for c in cycles}
         for cycle in cycles:
-            state = self._states[cycle.queue.name] = self._policy_state(cycle)
+            state = self._states[cycle.queue.name] = self._policy_state(cycle, self._backlogs[cycle.queue.name])
             cycle.decision = decide(state, now)
             changed |= self._act(cycle, now, session)
-        self._reasons = self._reasons_next
         return self._launch_admitted(session) or changed
 
-    def _queue_states(self: QuotaExecutor, jobs: Sequence[Row], session: Session) -> tuple[list[QueueCycle], bool]:
+    def _queue_states(self: QuotaExecutor, jobs: Sequence[ActiveJob], session: Session) -> tuple[list[QueueCycle], bool]:
         """Group the jobs by job queue as the policy sees them; jobs of unknown quotas are rejected."""
         counts = _preemption_counts(session)
         hosts = self.launcher.hosts(self.quota_file, session=session)
@@ -66,26 +75,33 @@ class Schedule:
         queue_of = {q.name: queue for queue in self.quota_file.queues for q in queue.quotas}
         known, seen = self._policy_jobs, {}
         moved: dict[str, list[int]] = {}
+        placed = self.launcher.places_on_hosts
         for job in jobs:
             if job.state == _PENDING and not job.queued:
                 continue  # revoked or not yet queued again: keeps its place, invisible until then
             queue = queue_of.get(job.quota)
             if queue is None:
-                if job.state == _PENDING:
+                if job.state == _PENDING and UNQUEUED in self._locked:
                     row = session.get(QuotaJob, job.id)
                     self._reject(row, self._unknown_quota_message(row, list(queue_of)), session)
                     changed = True
                 continue
+            if queue.name not in self._locked:
+                continue  # the other scheduler decides for this queue this heartbeat
             if job.queue_name != queue.name:
                 moved.setdefault(queue.name, []).append(job.id)
             cycle = cycles.get(queue.name)
             if cycle is None:
                 cycle = cycles[queue.name] = QueueCycle(queue, [h for h in hosts if h.queue == queue.name])
-            preemptions = counts.get(job.id, 0)
-            # The same row and count give the same policy job: most cycles rebuild none of them.
-            pj = known.get((job, preemptions)) or policy_job(job, preemptions, placed=self.launcher.places_on_hosts)
-            seen[(job, preemptions)] = pj
-            (cycle.pending if job.state == _PENDING else cycle.running).append(pj)
+            # The same columns and count give the same policy job: most cycles rebuild none of them.
+            key = (job[:_DECIDED_ON], counts.get(job.id, 0))
+            pj = known.get(key) or policy_job(job, key[1], placed=placed)
+            seen[key] = pj
+            if job.state == _PENDING:
+                cycle.pending[pj.id] = pj
+                cycle.said[pj.id] = (job.pending_reason, job.pending_position)
+            else:
+                cycle.running.append(pj)
         self._policy_jobs = seen
         for name, ids in moved.items():  # new jobs, or a quota moved to another queue by an edit
             session.execute(
@@ -94,18 +110,20 @@ class Schedule:
         ordered = [cycles[q.name] for q in self.quota_file.queues if q.name in cycles]
         return ordered, changed
 
-    def _policy_state(self: QuotaExecutor, cycle: QueueCycle) -> State:
+    def _policy_state(self: QuotaExecutor, cycle: QueueCycle, backlog: Backlog) -> State:
         """The queue as the policy sees it; on a fleet with its hosts, a lost one down (it still
         counts for the rule on a job larger than every host, so that waits instead of failing)."""
         if not self.launcher.places_on_hosts:
-            return State.for_queue(cycle.queue, cycle.running, cycle.pending)
+            return State.for_queue(cycle.queue, cycle.running, backlog)
         hosts = {h.name: Host(h.name, len(h.devices), down=not h.up) for h in cycle.hosts}
         unknown: dict[str, int] = {}  # a job on a host no longer registered: down, as large as its jobs
         for job in cycle.running:
             if job.host not in hosts:
                 unknown[job.host] = unknown.get(job.host, 0) + job.gpus
         hosts.update((name, Host(name, gpus, down=True)) for name, gpus in unknown.items())
-        return State.for_queue(cycle.queue, cycle.running, cycle.pending, hosts=sorted(hosts.values(), key=lambda h: h.name))
+        if not hosts:  # none registered yet (the scheduler started first): jobs wait for them
+            hosts[NO_HOST] = Host(NO_HOST, cycle.queue.capacity, down=True)
+        return State.for_queue(cycle.queue, cycle.running, backlog, hosts=sorted(hosts.values(), key=lambda h: h.name))
 
     def _unknown_quota_message(self: QuotaExecutor, job: QuotaJob, names: list[str]) -> str:
         if not job.quota:
@@ -114,6 +132,23 @@ class Schedule:
                 'or executor_config={"quota": {"quota": <quota>}}'
             )
         return f"quota: {job.quota!r} is not one of {', '.join(names)} (quota file {self.config.path})"
+
+
+def _backlog(backlog: Backlog | None, pending: dict[str, Job]) -> Backlog:
+    """The queue's backlog brought up to date with this cycle's waiting jobs: kept between cycles
+    (as the simulator keeps its own), so that ten thousand waiting jobs are not sorted again every
+    cycle. A job whose row changed has a new policy job and is replaced."""
+    if backlog is not None:
+        gone = [job.id for job in backlog if pending.get(job.id) is not job]
+        new = len(pending) - (len(backlog) - len(gone))
+        if (len(gone) + new) * 4 < len(pending):  # else sorting once beats inserting one by one
+            for job_id in gone:
+                backlog.remove(job_id)
+            for job_id, job in pending.items():
+                if job_id not in backlog:
+                    backlog.add(job)
+            return backlog
+    return Backlog(pending.values())
 
 
 def _preemption_counts(session: Session) -> dict[int, int]:

@@ -13,7 +13,7 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _REVISION_HEADS_MAP: dict[str, str] = {
     "0.1.0": "0001_quota",
-    "0.2.0": "0002_quota_hosts",
+    "0.2.0": "0003_quota_report",
 }
 """Provider release -> Alembic head at that release."""
 

@@ -10,7 +10,6 @@ second time.
 
 from __future__ import annotations
 
-import time
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -18,10 +17,11 @@ from sqlalchemy import Float, ForeignKey, Integer, String, Text, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
 from airflow_quota_provider.models.base import QuotaBase
+from airflow_quota_provider.models.coordination import db_now
 from airflow_quota_provider.models.job import EventKind, record_event
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from sqlalchemy.orm import Session
 
@@ -112,7 +112,7 @@ def register_host(
     name: str, *, queues: Sequence[str], devices: Sequence[str], celery_name: str | None, session: Session
 ) -> QuotaHost:
     """Add the host or update what it serves; it is active from now on."""
-    now = time.time()
+    now = db_now(session)
     host = session.get(QuotaHost, name)
     if host is None:
         host = QuotaHost(name=name, registered_at=now)
@@ -132,7 +132,7 @@ def heartbeat_host(name: str, *, session: Session) -> bool:
     host = session.get(QuotaHost, name)
     if host is None:
         return False
-    host.heartbeat_at = time.time()
+    host.heartbeat_at = db_now(session)  # the schedulers judge it by the same clock
     if host.state == HostState.LOST.value:
         host.state, host.lost_at = HostState.ACTIVE.value, None
         record_event(EventKind.HOST_JOINED, session=session, host=name, devices=host.devices, message="back after it was lost")
@@ -166,7 +166,7 @@ def list_hosts(*, session: Session, active_only: bool = False) -> Sequence[Quota
 
 
 def record_launch(handle: str, *, job_id: int, host: str, session: Session) -> QuotaLaunch:
-    launch = QuotaLaunch(handle=handle, job_id=job_id, host=host, state=LaunchState.SENT.value, sent_at=time.time())
+    launch = QuotaLaunch(handle=handle, job_id=job_id, host=host, state=LaunchState.SENT.value, sent_at=db_now(session))
     session.add(launch)
     session.flush()
     return launch
@@ -177,7 +177,7 @@ def start_launch(handle: str, *, worker_pid: int, session: Session) -> bool:
     result = session.execute(
         update(QuotaLaunch)
         .where(QuotaLaunch.handle == handle, QuotaLaunch.state == LaunchState.SENT.value)
-        .values(state=LaunchState.STARTED.value, started_at=time.time(), worker_pid=worker_pid)
+        .values(state=LaunchState.STARTED.value, started_at=db_now(session), worker_pid=worker_pid)
         .execution_options(synchronize_session=False)
     )
     return bool(result.rowcount)
@@ -197,9 +197,30 @@ def end_launch(handle: str, *, rc: int, session: Session) -> None:
     session.execute(
         update(QuotaLaunch)
         .where(QuotaLaunch.handle == handle, QuotaLaunch.state.in_([LaunchState.STARTED.value, LaunchState.TASK_EXITED.value]))
-        .values(state=LaunchState.ENDED.value, rc=rc, ended_at=time.time())
+        .values(state=LaunchState.ENDED.value, rc=rc, ended_at=db_now(session))
         .execution_options(synchronize_session=False)
     )
+
+
+def end_dead_launches(host: str, alive: Callable[[int], bool], *, session: Session) -> list[str]:
+    """End (exit code unknown) the launches on ``host`` whose pool process is gone: it died before it
+    could record the end itself (killed, out of memory), and its job would hold its GPUs for ever."""
+    rows = session.execute(
+        select(QuotaLaunch.handle, QuotaLaunch.worker_pid).where(
+            QuotaLaunch.host == host,
+            QuotaLaunch.state.in_([LaunchState.STARTED.value, LaunchState.TASK_EXITED.value]),
+            QuotaLaunch.worker_pid.is_not(None),
+        )
+    ).all()
+    dead = [handle for handle, pid in rows if not alive(pid)]
+    if dead:
+        session.execute(
+            update(QuotaLaunch)
+            .where(QuotaLaunch.handle.in_(dead), QuotaLaunch.state.in_([LaunchState.STARTED.value, LaunchState.TASK_EXITED.value]))
+            .values(state=LaunchState.ENDED.value, rc=None, ended_at=db_now(session))
+            .execution_options(synchronize_session=False)
+        )
+    return dead
 
 
 def cancel_launches(handles: Iterable[str], *, session: Session) -> None:
@@ -212,7 +233,7 @@ def cancel_launches(handles: Iterable[str], *, session: Session) -> None:
                 QuotaLaunch.handle.in_(handles),
                 QuotaLaunch.state.in_([LaunchState.SENT.value, LaunchState.STARTED.value, LaunchState.TASK_EXITED.value]),
             )
-            .values(state=LaunchState.CANCELLED.value, ended_at=time.time())
+            .values(state=LaunchState.CANCELLED.value, ended_at=db_now(session))
             .execution_options(synchronize_session=False)
         )
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import time
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import (
     Boolean,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -27,6 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from airflow_quota_provider.models.base import QuotaBase
+from airflow_quota_provider.models.coordination import db_now
 from airflow_quota_provider.policy import Job, PolicyError
 
 if TYPE_CHECKING:
@@ -34,7 +36,6 @@ if TYPE_CHECKING:
 
     from airflow_quota_provider.policy import QuotaFile
 
-    from sqlalchemy import Row
     from sqlalchemy.orm import Session
 
 
@@ -58,6 +59,18 @@ class JobState(str, Enum):
     @classmethod
     def active(cls) -> tuple[JobState, ...]:
         return (cls.PENDING, cls.RUNNING, cls.STOPPING, cls.PREEMPTED)
+
+
+class Report(str, Enum):
+    """``quota_job.report``: how a job that left the executor's hands ends for Airflow."""
+
+    SUCCESS = "success"
+    """The task process ended on its own: the task instance says how."""
+    FAILED = "failed"
+    """The task process was killed without saying how: the task fails."""
+    RELEASED = "released"
+    """Nothing to report (the task instance was already set, or it waits to be queued again): the
+    executor only stops counting it as running."""
 
 
 class EventKind(str, Enum):
@@ -111,6 +124,7 @@ class QuotaJob(QuotaBase):
     __tablename__ = "quota_job"
     __table_args__ = (
         UniqueConstraint("dag_id", "run_id", "task_id", "map_index", "try_number", name="quota_job_ti_uq"),
+        Index("idx_quota_job_report", "report"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -145,6 +159,9 @@ class QuotaJob(QuotaBase):
     workload: Mapped[str | None] = mapped_column(Text)
     """The Airflow ``ExecuteTask`` workload as JSON; cleared when Airflow revokes the task."""
     message: Mapped[str | None] = mapped_column(Text)
+    report: Mapped[str | None] = mapped_column(String(20))
+    """What the executor of the scheduler that queued the task must still tell Airflow about the
+    job's end (:class:`Report`); any scheduler may settle a job, only that one reports it."""
 
     @property
     def job_id(self) -> str:
@@ -233,36 +250,45 @@ class QuotaPreemptionCount(QuotaBase):
 
 _PENDING, _STOPPING = JobState.PENDING.value, JobState.STOPPING.value  # read once per import, not per job
 
-ACTIVE_COLUMNS = (
-    QuotaJob.id,
-    QuotaJob.state,
-    QuotaJob.quota,
-    QuotaJob.queue_name,
-    QuotaJob.gpus,
-    QuotaJob.priority,
-    QuotaJob.submitted_at,
-    QuotaJob.started_at,
-    QuotaJob.preemptible,
-    QuotaJob.max_preemptions,
-    QuotaJob.preempted_for,
-    QuotaJob.host,
-    QuotaJob.workload.is_not(None).label("queued"),
-)
-"""What a scheduling cycle and the usage figures read of each job."""
+class ActiveJob(NamedTuple):
+    """What a scheduling cycle reads of a pending, running or stopping job (a plain tuple: ten
+    thousand of them are cheap to read, hash and compare, unlike ORM objects or SQLAlchemy rows)."""
+
+    id: int
+    state: str
+    quota: str
+    queue_name: str | None
+    gpus: int
+    priority: int
+    submitted_at: float
+    started_at: float | None
+    preemptible: bool
+    max_preemptions: int | None
+    preempted_for: str | None
+    host: str | None
+    queued: bool
+    """Whether Airflow has queued the job's task (a revoked or preempted one keeps its place without)."""
+    pending_reason: str | None
+    pending_position: int | None
 
 
-def active_job_rows(*, session: Session) -> Sequence[Row]:
-    """Pending, running and stopping jobs as plain rows of :data:`ACTIVE_COLUMNS`, in queue order
-    (ten thousand waiting jobs are cheap to read, not to build as ORM objects). ``queued`` says
-    whether Airflow has queued the job's task (a revoked or preempted one keeps its place without)."""
-    return session.execute(
-        select(*ACTIVE_COLUMNS)
+def active_job_rows(*, session: Session) -> list[ActiveJob]:
+    """Pending, running and stopping jobs, in queue order."""
+    # On the session's connection, not the session: plain columns need none of the ORM's loading,
+    # which costs more than the query itself at ten thousand rows.
+    columns = [
+        QuotaJob.workload.is_not(None).label(name) if name == "queued" else getattr(QuotaJob, name)
+        for name in ActiveJob._fields
+    ]
+    result = session.connection().execute(
+        select(*columns)
         .where(QuotaJob.state.in_([JobState.PENDING.value, JobState.RUNNING.value, JobState.STOPPING.value]))
         .order_by(QuotaJob.submitted_at, QuotaJob.id)
-    ).all()
+    )
+    return [ActiveJob._make(row) for row in result]
 
 
-def policy_job(job: QuotaJob | Row, preemptions: int, *, placed: bool = False) -> Job:
+def policy_job(job: QuotaJob | ActiveJob, preemptions: int, *, placed: bool = False) -> Job:
     """The policy's view of a job (an ORM object or a row with its columns): running and stopping
     jobs carry ``started_at``, and their ``host`` when the policy places jobs on hosts."""
     holding = job.state != _PENDING
@@ -350,8 +376,9 @@ def device_sort_key(device: str) -> tuple[int, str]:
 
 
 def record_event(kind: EventKind, *, job: QuotaJob | None = None, session: Session, **fields: Any) -> QuotaEvent:
-    """Append one audit event; ``fields`` are columns of :class:`QuotaEvent`."""
-    event = QuotaEvent(at=fields.pop("at", None) or time.time(), kind=EventKind(kind).value, **fields)
+    """Append one audit event; ``fields`` are columns of :class:`QuotaEvent`. It is stamped by the
+    database's clock, which every scheduler and host shares."""
+    event = QuotaEvent(at=fields.pop("at", None) or db_now(session), kind=EventKind(kind).value, **fields)
     if job is not None:
         event.job_id = job.id
         event.dag_id, event.run_id, event.task_id = job.dag_id, job.run_id, job.task_id

@@ -2,7 +2,9 @@
 
 The executor calls these; each writes the job row, its devices and the audit event together, and
 raises :class:`InvalidTransition` naming the job and its state when the transition does not apply.
-What Airflow is told (task instance states, executor events) stays with the executor.
+A job leaving the executor's hands gets a ``report`` (:class:`~airflow_quota_provider.models.job.Report`):
+what the executor of the scheduler that queued its task must tell Airflow, whichever scheduler
+settled it; task instance states stay with the executor.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING
 from airflow_quota_provider.models.job import (
     EventKind,
     JobState,
+    Report,
     allocate_devices,
     count_preemption,
     record_event,
@@ -52,13 +55,14 @@ def _clear_stop(job: QuotaJob) -> None:
     job.preempted_for = job.preempt_deadline = job.forced_at = None
 
 
-def admit(job: QuotaJob, *, host: str, devices: Sequence[str], now: float, session: Session) -> None:
-    """pending -> running on ``devices`` of ``host`` (recorded before any process exists)."""
+def admit(job: QuotaJob, *, host: str, devices: Sequence[str], now: float, by: str | None = None, session: Session) -> None:
+    """pending -> running on ``devices`` of ``host`` (recorded before any process exists); ``by``:
+    which scheduler decided it."""
     _require(job, "admit", JobState.PENDING)
     allocate_devices(job, host, devices, session=session)
     job.state, job.started_at, job.host, job.handle = JobState.RUNNING.value, now, host, None
     _clear_pending(job)
-    record_event(EventKind.ADMITTED, job=job, session=session, host=host, devices=",".join(devices))
+    record_event(EventKind.ADMITTED, job=job, session=session, host=host, devices=",".join(devices), message=by)
 
 
 def launched(job: QuotaJob, handle: str) -> None:
@@ -79,6 +83,7 @@ def drop(job: QuotaJob, message: str, *, now: float, session: Session) -> None:
     """pending -> finished: its task instance is no longer queued (cleared or marked by a person)."""
     _require(job, "drop", JobState.PENDING)
     job.state, job.finished_at, job.message = JobState.FINISHED.value, now, message
+    job.report = Report.RELEASED.value
     _clear_pending(job)
     record_event(EventKind.FINISHED, job=job, session=session, message=message)
 
@@ -87,6 +92,7 @@ def reject(job: QuotaJob, reason: str, *, now: float, session: Session) -> None:
     """pending -> failed: the job can never run under this configuration."""
     _require(job, "reject", JobState.PENDING)
     job.state, job.finished_at, job.message = JobState.FAILED.value, now, reason
+    job.report = Report.RELEASED.value  # the task instance was failed with the reason
     _clear_pending(job)
     record_event(EventKind.REJECTED, job=job, session=session, message=reason)
 
@@ -143,18 +149,21 @@ def evict(job: QuotaJob, *, requeued: bool, why: str, session: Session) -> None:
 
 def _back_in_line(job: QuotaJob, requeued: bool, reason: str) -> None:
     job.state = JobState.PENDING.value if requeued else JobState.PREEMPTED.value
-    if not requeued:
+    if not requeued:  # the executor that gets the next workload holds the task from then on
         job.workload = None
+        job.report = Report.RELEASED.value
     job.started_at = job.handle = None
     _clear_stop(job)
     job.pending_reason = reason
 
 
-def finish(job: QuotaJob, message: str, *, now: float, session: Session) -> None:
-    """running or stopping -> finished: its process ended on its own (the task instance says how)."""
+def finish(job: QuotaJob, message: str, *, killed: bool = False, now: float, session: Session) -> None:
+    """running or stopping -> finished: its process ended on its own (the task instance says how),
+    or was ``killed`` without a word (the task fails)."""
     _require(job, "finish", *_HOLDING)
     release_devices(job, session=session)
     job.state, job.finished_at, job.message, job.handle = JobState.FINISHED.value, now, message, None
+    job.report = (Report.FAILED if killed else Report.SUCCESS).value
     record_event(EventKind.FINISHED, job=job, session=session, host=job.host, message=message)
 
 
@@ -163,6 +172,7 @@ def fail_at_limit(job: QuotaJob, *, now: float, session: Session) -> None:
     _require(job, "fail", JobState.STOPPING)
     release_devices(job, session=session)
     job.state, job.finished_at, job.message, job.handle = JobState.FAILED.value, now, job.preempt_fail_message, None
+    job.report = Report.RELEASED.value  # the task instance was failed with the message
 
 
 def revoke(job: QuotaJob, *, session: Session) -> None:

@@ -58,7 +58,9 @@ def may_be_preempted(job: Job, quota: Quota, now: float) -> bool:
     if not job.preemptible or job.preempted_for is not None:
         return False
     min_runtime = job.min_runtime_s if job.min_runtime_s is not None else quota.min_runtime_s
-    if job.started_at is not None and now - job.started_at < min_runtime:
+    # Without a minimum a job is a candidate however its start time compares with now (a start
+    # stamped by a clock ahead of this one lies in the future).
+    if min_runtime > 0 and job.started_at is not None and now - job.started_at < min_runtime:
         return False
     return not (quota.on_preemption_limit == "protect" and limit_reached(job, quota))
 

@@ -10,6 +10,7 @@ from airflow_quota_provider.models.host import (
     HostState,
     LaunchState,
     cancel_launches,
+    end_dead_launches,
     end_launch,
     heartbeat_host,
     launches,
@@ -108,3 +109,35 @@ def test_a_cancelled_launch_never_starts(session):
     end_launch("second", rc=0, session=session)
     states = {h: (l.state, l.rc) for h, l in launches(["first", "second"], session=session).items()}
     assert states == {"first": (LaunchState.CANCELLED.value, None), "second": (LaunchState.ENDED.value, 0)}
+
+
+def test_a_launch_whose_pool_process_died_is_ended_by_its_host(session):
+    job = _job(session, "orphaned_launch", JobState.RUNNING)
+    for handle, host, pid in (("dead", "gpu-a", 101), ("alive", "gpu-a", 102), ("elsewhere", "gpu-b", 101)):
+        record_launch(handle, job_id=job.id, host=host, session=session)
+        assert start_launch(handle, worker_pid=pid, session=session)
+    assert end_dead_launches("gpu-a", lambda pid: pid != 101, session=session) == ["dead"]
+    session.expire_all()
+    states = {h: (l.state, l.rc) for h, l in launches(["dead", "alive", "elsewhere"], session=session).items()}
+    assert states == {
+        "dead": (LaunchState.ENDED.value, None),
+        "alive": (LaunchState.STARTED.value, None),
+        "elsewhere": (LaunchState.STARTED.value, None),  # another host's pids are not this host's
+    }
+
+
+def test_every_way_out_of_the_executors_hands_says_what_to_report(session):
+    """The scheduler that queued the task reports it, whichever scheduler settled the job."""
+    finished = _job(session, "finished", JobState.RUNNING)
+    killed = _job(session, "killed", JobState.RUNNING)
+    dropped, rejected = _job(session, "dropped"), _job(session, "rejected")
+    transitions.finish(finished, "exit code 0", now=1.0, session=session)
+    transitions.finish(killed, "process killed", killed=True, now=1.0, session=session)
+    transitions.drop(dropped, "cleared", now=1.0, session=session)
+    transitions.reject(rejected, "too big", now=1.0, session=session)
+    assert [j.report for j in (finished, killed, dropped, rejected)] == ["success", "failed", "released", "released"]
+    waiting = _job(session, "preempted_not_yet_queued", JobState.STOPPING)
+    requeued = _job(session, "preempted_and_queued_again", JobState.STOPPING)
+    transitions.settle_stopped(waiting, requeued=False, session=session)
+    transitions.settle_stopped(requeued, requeued=True, session=session)
+    assert (waiting.report, requeued.report) == ("released", None), "queued again: still held"

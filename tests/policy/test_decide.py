@@ -253,6 +253,11 @@ PROTECTION = [
         id="after min_runtime_s the job may be preempted",
     ),
     pytest.param(
+        queue(4).quota("a", 4).run("r1", "a", 4, 0, started_at=130).wait("p1", "a", 4, 9).build(), 100.0,
+        [], [("r1", "p1", "within_quota")],
+        id="without min_runtime_s a job stamped by a clock ahead (started in the future) may be preempted",
+    ),
+    pytest.param(
         queue(4).quota("a", 4, preemption_delay_s=30).run("r1", "a", 4, 0).wait("p1", "a", 4, 9, submitted_at=80).build(), 100.0,
         [], [],
         id="preemption_delay_s: a new job waits before it may preempt",

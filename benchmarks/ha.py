@@ -1,0 +1,107 @@
+"""One scheduler against two: the fault suite's workload (``tests/faults/dags/ha_workload.py``, N
+tasks over four quotas, a low-priority DAG that borrows and a high-priority one that reclaims) on
+the same fleet of 3 hosts x 4 virtual GPUs, PostgreSQL and Redis, with one and then with two
+schedulers. Prints, for each: wall time (first admission to last release), decisions per second
+(admissions and preemptions over the wall time), the p50/p95 time from "admitted" to "running"
+(the launch taken by its host), and the over-admissions found by replaying the audit log.
+Goal: two schedulers no slower than one; 0 over-admissions. Figures are printed, never asserted.
+
+usage: python benchmarks/ha.py [--tasks 500] [--keep]
+PostgreSQL and Redis must answer on 127.0.0.1 (``source scripts/services`` starts them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.faults.test_faults import DAGS, GPUS_PER_HOST, HOSTS, QUOTAS, replay_allocations  # noqa: E402
+from tests.fleet_support import running_fleet  # noqa: E402
+from tests.integration_support import free_port, wait_for  # noqa: E402
+
+
+def run(root: Path, tasks: int, schedulers: int) -> dict:
+    with running_fleet(
+        root / f"schedulers-{schedulers}",
+        quota_file=QUOTAS,
+        dags_folder=DAGS,
+        hosts=HOSTS,
+        gpus_per_host=GPUS_PER_HOST,
+        port=free_port(18350, 18399, also=50),
+        redis_db=8,
+        extra_env={
+            "QUOTA_HA_TASKS": str(tasks),
+            "AIRFLOW__CORE__PARALLELISM": "1024",
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.25",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+        },
+    ) as fleet:
+        for n in range(2, schedulers + 1):
+            fleet.start_process(f"scheduler-{n}", "scheduler")
+        low = fleet.trigger("ha_low")
+        wait_for(lambda: len(fleet.events("admitted")) >= 8, "the fleet to fill", timeout=300)
+        high = fleet.trigger("ha_high")
+        states = (fleet.wait_run("ha_low", low, timeout=3600), fleet.wait_run("ha_high", high, timeout=3600))
+        wait_for(lambda: not fleet.sql("SELECT 1 FROM quota_job WHERE state IN ('running', 'stopping')"),
+                 "every job to settle", timeout=300)
+        events = fleet.sql("SELECT kind, at, job_id, message FROM quota_event WHERE kind IN "
+                           "('admitted', 'preempted', 'released') ORDER BY id")
+        starts = fleet.sql(
+            "SELECT l.started_at - e.at AS wait FROM quota_launch l JOIN quota_event e ON e.job_id = l.job_id "
+            "AND e.kind = 'admitted' AND e.at <= l.sent_at + 1 AND l.started_at IS NOT NULL "
+            "AND NOT EXISTS (SELECT 1 FROM quota_event e2 WHERE e2.job_id = e.job_id AND e2.kind = 'admitted' "
+            "AND e2.at > e.at AND e2.at <= l.sent_at + 1)"
+        )
+        try:
+            replay_allocations(fleet)
+            over = 0
+        except AssertionError as e:
+            print(f"  over-admission: {e}")
+            over = 1
+        retries = fleet.sql("SELECT count(*) AS n FROM task_instance WHERE try_number > 1 OR state != 'success'")[0]["n"]
+    at = [e["at"] for e in events]
+    wall = max(at) - min(at)
+    decisions = sum(e["kind"] in ("admitted", "preempted") for e in events)
+    waits = sorted(r["wait"] for r in starts)
+    return {
+        "states": states, "wall": wall, "decisions": decisions, "rate": decisions / wall,
+        "p50": statistics.median(waits), "p95": waits[int(0.95 * (len(waits) - 1))],
+        "preempted": sum(e["kind"] == "preempted" for e in events), "over": over, "retries": retries,
+        "deciders": len({e["message"] for e in events if e["kind"] == "admitted" and e["message"]}),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=500)
+    parser.add_argument("--keep", action="store_true", help="keep the Airflow homes for a look")
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="quota-ha-bench-"))
+    try:
+        results = {}
+        for schedulers in (1, 2):
+            r = results[schedulers] = run(root, args.tasks, schedulers)
+            print(
+                f"{schedulers} scheduler(s), {args.tasks} tasks: runs {r['states']}, wall {r['wall']:.1f} s, "
+                f"{r['decisions']} decisions ({r['preempted']} preemptions, by {r['deciders']} scheduler(s)) = "
+                f"{r['rate']:.2f}/s, admitted->running p50 {r['p50'] * 1000:.0f} ms p95 {r['p95'] * 1000:.0f} ms, "
+                f"over-admissions {r['over']}, tasks retried or not successful {r['retries']}"
+            )
+        print(f"wall ratio two/one schedulers: {results[2]['wall'] / results[1]['wall']:.3f} (goal <= 1.0)")
+    finally:
+        if args.keep:
+            print(f"(homes under {root})")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
