@@ -45,7 +45,7 @@ from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
 from airflow.utils.session import create_session
 from airflow_quota_provider.executors.act import Act
-from airflow_quota_provider.executors.config import LAUNCHERS, QuotaConfig, QuotaConfigError, discover_devices
+from airflow_quota_provider.executors.config import LAUNCHERS, MANAGED_POOL, QuotaConfig, QuotaConfigError, discover_devices
 from airflow_quota_provider.executors.reconcile import Reconcile
 from airflow_quota_provider.executors.schedule import Schedule
 from airflow_quota_provider.metrics import emit_metrics
@@ -387,7 +387,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
                     quota.name,
                     slots=-1,
                     description=f"Shared quota {quota.name} of job queue {queue.name}: "
-                    f"{quota.capacity} GPUs, {quota.sharing} (managed by QuotaExecutor)",
+                    f"{quota.capacity} GPUs, {quota.sharing} {MANAGED_POOL}",
                     include_deferred=False,
                     session=session,
                 )

@@ -11,11 +11,11 @@ from sqlalchemy import and_, or_, select, update
 
 from airflow.configuration import conf
 from airflow.executors.executor_loader import ExecutorLoader
-from airflow.jobs.job import Job
+from airflow.jobs.job import Job, JobState as SchedulerState
 from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
 from airflow.models.taskinstancekey import TaskInstanceKey
-from airflow.utils.state import JobState as SchedulerState, TaskInstanceState
+from airflow.utils.state import TaskInstanceState
 from airflow_quota_provider.executors.launcher import Liveness
 from airflow_quota_provider.executors.task_instances import (
     BACK_IN_LINE,
