@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from airflow_quota_provider.policy.__main__ import main
 from tests.policy.test_cli import DESIGN_EXAMPLE
-from tests.policy.test_documents import billion_laughs
+from tests.policy.test_documents import MEMORY_BOUND, TIME_BOUND_S, billion_laughs
 
 EXAMPLE = yaml.safe_load((Path(__file__).parents[2] / "examples" / "quotas.yaml").read_text())
 HOSTS_EXAMPLE = dict(
@@ -33,8 +33,6 @@ HOSTS_EXAMPLE = dict(
     hosts=[{"name": "gpu-1", "gpus": 16}, {"name": "gpu-2", "gpus": 8}],
     running=[dict(DESIGN_EXAMPLE["running"][0], host="gpu-1")],
 )
-TIME_BOUND_S = 2.0
-MEMORY_BOUND = 64 << 20
 ERROR_LINE = re.compile(r"error: [^\n]+: [^\n]+\n\Z")
 
 HOSTILE_VALUES = st.one_of(
