@@ -27,8 +27,9 @@ class Liveness(str, Enum):
     RUNNING = "running"
     """The task's process (or its supervisor) still runs, or has not started yet."""
     TASK_EXITED = "task_exited"
-    """The task and everything it started are gone; its supervisor is still finishing. Once the task
-    instance says the try ended, the devices are free."""
+    """The task ran, and it and everything it started are gone; its supervisor is still finishing.
+    Once the task instance says the try ended (or, for a preempted job, that it is on its way back
+    to the queue), the devices are free."""
     ENDED = "ended"
     """The supervisor is gone; ``rc`` is its exit code, None when it was killed."""
     LOST = "lost"

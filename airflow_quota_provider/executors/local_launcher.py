@@ -91,6 +91,8 @@ class LocalLauncher:
         self.use_cgroups = cgroups
         if cgroups:
             remove_empty_cgroups()
+        self._task_seen: set[int] = set()
+        """Supervisors this launcher has seen with a live task process."""
         self._children: dict[int, int] = {}
         """pid -> exit status for processes this scheduler forked (reaped with waitpid): -1 while
         it runs, :data:`UNKNOWN` when it could not be collected."""
@@ -137,10 +139,13 @@ class LocalLauncher:
                 if cgroup is not None:
                     cgroup.remove()
                 out[handle] = Status(Liveness.ENDED, self.exit_info(job_id, pid).rc)
-            elif self.task_exited(pid):
-                out[handle] = Status(Liveness.TASK_EXITED)
-            else:
+            elif not self.task_exited(pid):
+                self._task_seen.add(pid)
                 out[handle] = Status(Liveness.RUNNING)
+            else:
+                # Gone once seen: the task ran and ended. Never seen: not started yet (or too brief
+                # to see), so wait for the supervisor's exit.
+                out[handle] = Status(Liveness.TASK_EXITED if pid in self._task_seen else Liveness.RUNNING)
         return out
 
     def notify(self, handle: str, notice: dict, *, session: Session) -> None:
@@ -271,6 +276,7 @@ class LocalLauncher:
 
     def forget_pid(self, pid: int | None) -> None:
         """Stop tracking ``pid``; one of our children that still runs is reaped when it exits."""
+        self._task_seen.discard(pid)
         if pid is not None and self._children.pop(pid, None) == -1:
             self._lingering.add(pid)
 

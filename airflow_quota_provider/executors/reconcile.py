@@ -110,10 +110,13 @@ class Reconcile:
                 continue  # settled meanwhile (by the scheduler that queued it again, or a revoke)
             state = ti_state(job, session)
             if status.liveness == Liveness.TASK_EXITED:
-                # Not started yet, or ended without a word (wait for the supervisor); asked again
-                # after the state, in case the task started and ended in between.
+                # A preempted task already queued again by Airflow (within a second of its
+                # reschedule) has ended its try too: free its GPUs now, not when its supervisor
+                # exits a heartbeat later. Otherwise it ended without a word: wait for the
+                # supervisor. Asked again after the state, in case a new task started meanwhile.
+                ended_try = state in TRY_ENDED or (job.state == JobState.STOPPING.value and state in BACK_IN_LINE)
                 again = self.launcher.status({job.handle: job.id}, session=session)[job.handle].liveness
-                if state not in TRY_ENDED or again == Liveness.RUNNING:
+                if not ended_try or again == Liveness.RUNNING:
                     continue
                 ended = f"task process ended, task {state}"
             elif status.liveness == Liveness.LOST:

@@ -282,3 +282,26 @@ def test_empty_launch_cgroups_left_by_a_stopped_scheduler_are_removed_when_old(t
     LocalLauncher(tmp_path, cgroups=True)
     assert not old.path.exists() and young.path.exists()
     young.remove()
+
+
+def test_a_task_seen_running_then_gone_frees_its_launch_before_its_supervisor_exits(tmp_path):
+    """TASK_EXITED only once the launcher has seen the task run (a supervisor whose task has not
+    started yet looks the same): then the executor may free a preempted job's GPUs at once."""
+    gate = tmp_path / "go"
+    supervisor = _supervisor(
+        f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\ntime.sleep(0.5)"
+    )
+    launcher = LocalLauncher(tmp_path, cgroups=False)
+    handle = f"7:{supervisor.pid}"
+    try:
+        task = int(supervisor.stdout.readline())
+        assert launcher.status({handle: 7}, session=None)[handle].liveness == Liveness.RUNNING
+        gate.touch()
+        _wait_until(lambda: _state(task) == "Z", "the task process to exit")
+        assert supervisor.poll() is None, "the supervisor lingers"
+        assert launcher.status({handle: 7}, session=None)[handle].liveness == Liveness.TASK_EXITED
+        fresh = LocalLauncher(tmp_path, cgroups=False)  # never saw the task: cannot tell it from one not started
+        assert fresh.status({handle: 7}, session=None)[handle].liveness == Liveness.RUNNING
+    finally:
+        supervisor.kill()
+        supervisor.wait()
