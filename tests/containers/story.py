@@ -16,8 +16,8 @@ TRAINING_ENV = {"OMP_NUM_THREADS": "1"}
 
 SWEEP, FINETUNE = "quota_team_b_sweep", "quota_team_a_finetune"
 # Short runs for CI. The fine-tune arrives once every trial's training has started: a victim then
-# checkpoints on SIGTERM and resumes from that checkpoint. The trials start up to tens of seconds
-# apart on two busy cores, so each runs 40 s and more, long enough that none has finished by then.
+# checkpoints on SIGTERM and resumes from that checkpoint. On two busy cores the trials start up to
+# 20 s and more apart, so each runs 40 s and more, long enough that none has finished by then.
 SWEEP_CONF = {"steps": 400, "step_sleep": 0.1}
 FINETUNE_CONF = {"steps": 100, "step_sleep": 0.01}
 TRIALS = [f"trial_{i}" for i in range(6)]

@@ -1,7 +1,7 @@
 """The compose files as Docker Compose reads them (Debian's docker-compose, `config`): both are
 accepted, and they hold what the fleet needs. What the services do is run in
-test_compose_stack.py; here, what a local run cannot show (GPU reservations, the second scheduler,
-the Astro CLI's merge)."""
+test_compose_stack.py; here, what a local run cannot show (GPU reservations, the Astro CLI's merge)
+and the fleet's shape."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_the_fleet_has_two_schedulers_two_gpu_hosts_and_a_shared_checkpoint_volu
     services = compose_config(COMPOSE_FILE)["services"]
     first, second = services["airflow-scheduler"], services["airflow-scheduler-2"]
     for key in ("command", "environment", "volumes", "healthcheck", "depends_on", "image"):
-        assert first[key] == second[key], key  # the no-Docker run starts only the first (issue 11)
+        assert first[key] == second[key], key
     hosts = {n: s for n, s in services.items() if "quota worker" in str(s.get("command"))}
     assert sorted(hosts) == ["gpu-host-1", "gpu-host-2"]
     for name, host in hosts.items():
