@@ -64,6 +64,7 @@ def _heartbeat(name: str, every: float, stop: threading.Event) -> None:
         try:
             with create_session() as session:
                 heartbeat_host(name, session=session)
+            with create_session() as session:  # apart: a failure here must not lose the heartbeat
                 for handle in end_dead_launches(name, _alive, session=session):
                     log.warning("Launch %s ended with its pool process (killed or died)", handle)
         except Exception:
