@@ -222,7 +222,7 @@ def test_a_preempted_command_that_escaped_and_ignores_sigterm_is_gone_before_its
                        on_timeout=lambda: airflow.tail("scheduler"))[0]
     run_high = airflow.trigger("escape_high")
     assert airflow.wait_run("escape_high", run_high) == "success"
-    start = next(r for r in airflow.task_records() if r["dag_id"] == "escape_high" and r["event"] == "start")
+    start = next(r for r in airflow.task_records() if r.get("dag_id") == "escape_high" and r["event"] == "start")
     assert start["escaped_pid"] == escaped["escaped_pid"]
     assert start["escaped_state"] in ("gone", "Z"), start
     assert start["devices"] == escaped["devices"]  # the queue's one GPU
