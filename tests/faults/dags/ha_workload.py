@@ -13,7 +13,7 @@ import pendulum
 from airflow.sdk import DAG, task
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
-TASKS = int(os.environ.get("QUOTA_HA_TASKS", "150"))
+TASKS = int(os.environ.get("QUOTA_HA_TASKS", "100"))
 QUOTAS = ("q0", "q1", "q2", "q3")
 HIGH = TASKS // 5
 
