@@ -124,7 +124,7 @@ class BodyLimit:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.max_bytes:
-                await self._too_large(scope, receive, send)
+                await self._too_large(scope, receive, send, more=more)
                 return
         replayed = False
 
@@ -137,10 +137,12 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send, *, more: bool = True) -> None:
         # Read (and drop) what the client is still sending, up to a bound: closing a socket with
-        # unread data resets the connection, and the client would never see the 413.
-        drained, more = 0, True
+        # unread data resets the connection, and the client would never see the 413. ``more``:
+        # whether any is left (a last chunk that crossed the limit left none, and waiting for
+        # another would hang until the client gave up).
+        drained = 0
         while more and drained <= DRAIN_BYTES:
             message = await receive()
             if message["type"] == "http.disconnect":
