@@ -237,7 +237,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         for ti in tis:
             job = self._job_for_key(ti.key, session)
             ok = job is not None and (
-                job.state in (JobState.RUNNING.value, JobState.STOPPING.value)
+                job.state in {s.value for s in JobState.holding()}
                 or (job.state == JobState.PENDING.value and job.workload)
                 or job.report is not None  # ended while its scheduler was gone: reported by this one
             )

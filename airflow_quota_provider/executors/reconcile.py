@@ -42,7 +42,7 @@ FORCE_KILL_AFTER_S = 60.0
 KEEPALIVE_EVERY_S = 5.0
 HOST_CHECK_EVERY_S = 2.0
 HANDOVER_CHECK_EVERY_S = 10.0
-_HOLDING = (JobState.RUNNING.value, JobState.STOPPING.value)
+_HOLDING = tuple(s.value for s in JobState.holding())
 
 
 class Reconcile:
@@ -53,7 +53,7 @@ class Reconcile:
         executor decides for this cycle."""
         rows = session.execute(
             select(QuotaJob.handle, QuotaJob.id).where(
-                QuotaJob.state.in_([JobState.RUNNING.value, JobState.STOPPING.value]),
+                QuotaJob.state.in_(_HOLDING),
                 QuotaJob.handle.is_not(None),
                 QuotaJob.queue_name.in_(self._locked),
             )

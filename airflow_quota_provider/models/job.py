@@ -60,6 +60,11 @@ class JobState(str, Enum):
     def active(cls) -> tuple[JobState, ...]:
         return (cls.PENDING, cls.RUNNING, cls.STOPPING, cls.PREEMPTED)
 
+    @classmethod
+    def holding(cls) -> tuple[JobState, ...]:
+        """The states in which a job holds devices."""
+        return (cls.RUNNING, cls.STOPPING)
+
 
 class Report(str, Enum):
     """``quota_job.report``: how a job that left the executor's hands ends for Airflow."""

@@ -28,8 +28,7 @@ if TYPE_CHECKING:
 
     from airflow_quota_provider.models.job import QuotaJob
 
-_HOLDING = (JobState.RUNNING, JobState.STOPPING)
-"""States in which a job holds devices."""
+_HOLDING = JobState.holding()
 
 
 class InvalidTransition(RuntimeError):
