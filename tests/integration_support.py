@@ -293,9 +293,27 @@ class AirflowInstance:
             f"run {dag_id}/{run_id} to finish",
             timeout=timeout,
             interval=2,
-            on_timeout=lambda: f"{[dict(r) for r in self.tis(dag_id, run_id).values()]}\n{self.tail('scheduler')}",
+            on_timeout=lambda: f"{self.unfinished(dag_id, run_id)}\n{self.tail('scheduler')}",
         )
         return rows[0]["state"]
+
+    def unfinished(self, dag_id: str, run_id: str) -> str:
+        """The run's task instances that have not ended, with their job rows and events: what a
+        timeout needs to say where a task is stuck."""
+        lines = []
+        for ti in self.sql(
+            "SELECT task_id, map_index, state, try_number, queued_by_job_id FROM task_instance "
+            "WHERE dag_id=? AND run_id=? AND state NOT IN ('success', 'failed', 'skipped')", dag_id, run_id
+        ):
+            lines.append(f"TI {dict(ti)}")
+            where = "dag_id=? AND run_id=? AND task_id=? AND map_index=?"
+            args = (dag_id, run_id, ti["task_id"], ti["map_index"])
+            lines += [f"  job {dict(j)}" for j in self.sql(
+                f"SELECT id, try_number, state, report, quota, host, handle, pending_reason, started_at, finished_at, "
+                f"workload IS NOT NULL AS has_workload FROM quota_job WHERE {where}", *args)]
+            lines += [f"  event {e['id']} {e['kind']} {e['message']}"
+                      for e in self.sql(f"SELECT * FROM quota_event WHERE {where} ORDER BY id", *args)]
+        return "\n".join(lines) or "every task instance ended"
 
     def events(self, kind: str | None = None, dag_id: str | None = None) -> list[sqlite3.Row]:
         query = "SELECT * FROM quota_event WHERE 1=1"
