@@ -94,6 +94,8 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         """The job queues (and :data:`UNQUEUED`) this cycle holds the lock of."""
         self._failed_cycles = 0
         self._last_handover_check = 0.0
+        self._reported: dict[int, float] = {}
+        """Job id -> when its report was last sent (:meth:`_report` sends until Airflow acts)."""
         self._load_startup_config()
 
     @property
@@ -360,6 +362,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         job.max_preemptions = extras.get("max_preemptions")
         job.grace_period_s = extras.get("grace_period_s")
         job.workload = workload.model_dump_json()
+        job.report = None  # queued again: Airflow has moved past the try that ended
         job.pending_reason = job.pending_reason or "waiting for the next scheduling cycle"
         session.flush()
         record_event(EventKind.SUBMITTED, job=job, session=session, message=f"priority {job.priority}")

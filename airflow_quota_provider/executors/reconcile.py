@@ -11,7 +11,6 @@ from sqlalchemy import and_, or_, select, update
 
 from airflow.configuration import conf
 from airflow.executors.executor_loader import ExecutorLoader
-from airflow.jobs.job import Job, JobState as SchedulerState
 from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
 from airflow.models.taskinstancekey import TaskInstanceKey
@@ -42,6 +41,8 @@ FORCE_KILL_AFTER_S = 60.0
 KEEPALIVE_EVERY_S = 5.0
 HOST_CHECK_EVERY_S = 2.0
 HANDOVER_CHECK_EVERY_S = 10.0
+REPORT_AGAIN_S = 10.0
+_IN_TRY = frozenset({TaskInstanceState.QUEUED, TaskInstanceState.RUNNING})
 _HOLDING = tuple(s.value for s in JobState.holding())
 
 
@@ -155,28 +156,41 @@ class Reconcile:
     def _report(self: QuotaExecutor, session: Session) -> bool:
         """Tell this scheduler how the jobs of the task instances it queued ended, whichever
         scheduler settled them (Airflow heeds an executor event only from the scheduler that queued
-        the task, ``queued_by_job_id``). Reports whose scheduler is gone are taken by anyone (the
-        one that adopts its task instances becomes their scheduler)."""
-        query = select(QuotaJob).where(QuotaJob.report.is_not(None))
+        the task, ``queued_by_job_id``; a gone scheduler's task instances wait to be adopted).
+
+        Delivery is at least once: Airflow drops an event whose task instance another transaction
+        has locked at that moment (``skip_locked``), and a task whose process ended before it
+        started would then stay queued for ever. So a report is kept, and sent again every
+        :data:`REPORT_AGAIN_S`, until the task instance has left the try (a second event for a
+        settled try is ignored)."""
+        ti = TaskInstance
+        query = (
+            select(QuotaJob, ti.state, ti.try_number)
+            .outerjoin(ti, and_(*ti_filter(QuotaJob)))
+            .where(QuotaJob.report.is_not(None))
+        )
         if self.job_id is not None:
-            owner = TaskInstance.queued_by_job_id
-            query = (
-                query.outerjoin(TaskInstance, and_(*ti_filter(QuotaJob)))
-                .outerjoin(Job, Job.id == owner)
-                .where(or_(owner == self.job_id, owner.is_(None), Job.state.is_distinct_from(SchedulerState.RUNNING)))
-            )
-        jobs = session.scalars(query.with_for_update(of=QuotaJob, skip_locked=True)).all()
-        for job in jobs:
+            query = query.where(or_(ti.queued_by_job_id == self.job_id, ti.queued_by_job_id.is_(None)))
+        now = time.monotonic()
+        for job, state, try_number in session.execute(query.with_for_update(of=QuotaJob, skip_locked=True)).all():
             key = ti_key(job)
             if job.report == Report.RELEASED.value:
                 self.running.discard(key)
-            else:
+                job.report = None
+                continue
+            last = self._reported.get(job.id)
+            if last is None or now - last >= REPORT_AGAIN_S:
+                last = now
                 self.running.add(key)  # change_state removes it (it may have been queued by another)
                 if job.report == Report.FAILED.value:
                     self.fail(key, info="QuotaExecutor: the task process was killed")
                 else:
                     self.success(key)
-            job.report = None
+            if try_number == job.try_number and state in _IN_TRY:
+                self._reported[job.id] = last  # Airflow has not acted on it (yet)
+            else:
+                job.report = None
+                self._reported.pop(job.id, None)
         return False
 
     def _forget_handed_over(self: QuotaExecutor, session: Session) -> None:
