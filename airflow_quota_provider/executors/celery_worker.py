@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 from celery.signals import worker_process_init
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 
 TASK_NAME = "quota_execute_workload"
 TASK_EXIT_POLL_S = 0.2
+RECORD_RETRY_S = 600.0
+"""How long a launch's task exit and end are retried while the database is unreachable."""
 STATE_DIR_ENV = "QUOTA_WORKER_STATE_DIR"
 """The worker's job directory root (preempt notices), set by ``airflow quota worker``."""
 
@@ -102,15 +105,33 @@ def execute_quota_workload(self, workload_json: str, job_id: int, env: dict[str,
         os.environ.clear()
         os.environ.update(saved)
         end_descendants()  # nothing the task started outlives its launch: SIGTERM, grace, SIGKILL
-        with create_session() as session:
-            end_launch(handle, rc=rc, session=session)
+        _record(handle, "its end", lambda session: end_launch(handle, rc=rc, session=session))
     return rc
+
+
+def _record(handle: str, what: str, write, *, give_up_after_s: float = RECORD_RETRY_S) -> bool:
+    """Write ``what`` of a launch, trying again while the database is away (a restart, a failover):
+    an end that is never recorded holds the job's GPUs for ever, since this pool process lives on."""
+    from airflow.utils.session import create_session
+
+    deadline, pause = time.monotonic() + give_up_after_s, 0.5
+    while True:
+        try:
+            with create_session() as session:
+                write(session)
+            return True
+        except Exception:
+            if time.monotonic() + pause > deadline:
+                log.exception("[%s] could not record %s; giving up after %.0f s", handle, what, give_up_after_s)
+                return False
+            log.warning("[%s] could not record %s; trying again in %.1f s", handle, what, pause, exc_info=True)
+            time.sleep(pause)
+            pause = min(pause * 2, 10.0)
 
 
 def _report_task_exit(handle: str, done: threading.Event) -> None:
     """Once this process's task child has come and gone with everything under it, record
     ``task_exited`` (the executor frees the GPUs when the task instance says the try ended)."""
-    from airflow.utils.session import create_session
     from airflow_quota_provider.models.host import task_exited
 
     me, seen = os.getpid(), False
@@ -119,11 +140,7 @@ def _report_task_exit(handle: str, done: threading.Event) -> None:
         if alive:
             seen = True
         elif seen:
-            try:
-                with create_session() as session:
-                    task_exited(handle, session=session)
-            except Exception:
-                log.warning("[%s] could not record that the task exited", handle, exc_info=True)
+            _record(handle, "that the task exited", lambda session: task_exited(handle, session=session))
             return
 
 
