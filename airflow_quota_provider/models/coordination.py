@@ -28,6 +28,9 @@ HOSTS = "hosts"
 """The lock of the host checks (marking silent hosts lost), which span job queues."""
 UNQUEUED = "jobs without a job queue"
 """The lock of jobs whose quota no job queue has (they are rejected once, by one scheduler)."""
+LOCK_IDLE_TIMEOUT_S = 60.0
+"""A cycle's transaction idle this long (between two statements) is ended by PostgreSQL, and with
+it the locks it holds; a live cycle never idles near this long."""
 
 
 def lock_id(name: str) -> int:
@@ -41,15 +44,22 @@ def _postgres(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"
 
 
-def try_lock(names: Iterable[str], *, session: Session) -> set[str]:
+def try_lock(names: Iterable[str], *, session: Session, idle_timeout_s: float = LOCK_IDLE_TIMEOUT_S) -> set[str]:
     """The names among ``names`` whose lock this transaction now holds (all of them off PostgreSQL)."""
     names = list(names)
     if not names or not _postgres(session):
         return set(names)
-    # One round trip for all the queues of the quota file (at most a few dozen).
+    # One round trip for all the queues of the quota file (at most a few dozen). The session is
+    # ended if this transaction idles past ``idle_timeout_s``: a scheduler killed mid-cycle whose
+    # connection lives on (its forked log server shares the socket, or a half-open TCP link) would
+    # otherwise hold its queues' locks for ever, and no scheduler would decide them again.
     ids = [lock_id(n) for n in names]
     got = session.execute(
-        text("SELECT id, pg_try_advisory_xact_lock(id) FROM unnest(CAST(:ids AS bigint[])) AS id"), {"ids": ids}
+        text(
+            "WITH guard AS (SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, true)) "
+            "SELECT id, pg_try_advisory_xact_lock(id) FROM guard, unnest(CAST(:ids AS bigint[])) AS id"
+        ),
+        {"ids": ids, "idle_ms": str(int(idle_timeout_s * 1000))},
     ).all()
     held = {i for i, ok in got if ok}
     return {n for n, i in zip(names, ids) if i in held}

@@ -7,9 +7,11 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from airflow_quota_provider.models.coordination import db_now, lock_id, try_lock
@@ -36,6 +38,19 @@ def test_a_queue_locked_by_one_cycle_is_skipped_by_the_other_until_it_commits(en
         assert try_lock(["gpu-a"], session=first) == set()
         second.rollback()
         assert try_lock(["gpu-a"], session=first) == {"gpu-a"}
+
+
+def test_a_cycle_that_idles_past_the_timeout_loses_its_locks(engine):
+    """A scheduler killed mid-cycle whose connection lives on (its forked log server shares the
+    socket) must not hold its job queues for ever."""
+    with Session(engine) as stalled, Session(engine) as other:
+        assert try_lock(["gpu-a"], session=stalled, idle_timeout_s=0.5) == {"gpu-a"}
+        assert try_lock(["gpu-a"], session=other) == set()
+        other.rollback()
+        time.sleep(1.5)
+        assert try_lock(["gpu-a"], session=other) == {"gpu-a"}
+        with pytest.raises(OperationalError):
+            stalled.execute(text("SELECT 1"))
 
 
 def test_lock_ids_are_stable_64_bit_and_distinct_per_name():
