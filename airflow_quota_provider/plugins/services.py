@@ -38,6 +38,8 @@ from airflow_quota_provider.plugins.datamodels import (
     QueueResponse,
     QuotaCollectionResponse,
     QuotaResponse,
+    UsageResponse,
+    UsageRow,
 )
 from airflow_quota_provider.plugins.datamodels_ui import (
     CohortView,
@@ -458,3 +460,22 @@ def recent_preemptions(*, limit: int = RECENT_PREEMPTIONS, session: Session) -> 
             )
         )
     return out
+
+
+def usage(quota_file: QuotaFile, since: str, until: str | None, by: str, *, session: Session) -> UsageResponse:
+    """GET /usage: :func:`~airflow_quota_provider.usage_report.usage_report`, as the CLI shows it."""
+    import time
+
+    from airflow_quota_provider.usage_report import UsageRequestError, parse_time, usage_report
+
+    try:
+        start = parse_time(since, "since")
+        end = parse_time(until, "until") if until else time.time()
+        rows = usage_report(quota_file, start, end, by=by, session=session)
+    except UsageRequestError as e:
+        raise BadRequest(str(e)) from None
+    return UsageResponse(
+        since=_dt(start), until=_dt(end), by=by,
+        rows=[UsageRow(key=row[by], **{k: row.get(k) for k in
+                                       ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost")}) for row in rows],
+    )

@@ -7,9 +7,10 @@ At one moment, for a quota of capacity ``C`` whose jobs hold ``u`` GPUs:
 
 - ``used_within`` = ``min(u, C)``: GPUs it uses of its own capacity;
 - ``borrowed`` = ``u - C`` when positive: GPUs it holds above its capacity;
-- ``lent``: GPUs of its idle capacity that borrowers hold, as :meth:`~.capacity.Usage.lent` splits
-  them (the common pool first, then the lenders in proportion to what each lends; with cohorts,
-  level by level);
+- ``lent``: GPUs of its idle capacity that borrowers hold. Borrowers draw on the common pool first,
+  then on the lenders in proportion to what each lends (``lendable``), exactly (fractions of a GPU
+  over time: the status page rounds the same split to whole GPUs, :meth:`~.capacity.Usage.lent`).
+  With cohorts, level by level as :meth:`~.capacity.TreeUsage.lent` splits whole GPUs;
 - ``idle`` = ``C - used_within - lent``.
 
 Over a period each figure is integrated over time, in GPU-seconds, so per quota and period
@@ -35,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
-from airflow_quota_provider.policy.capacity import borrowed as _borrowed, usage_for
+from airflow_quota_provider.policy.capacity import lendable, usage_for
 from airflow_quota_provider.policy.config import Queue
 from airflow_quota_provider.policy.state import State
 
@@ -231,6 +232,22 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
     borrowed_total = 0
     moment = since
     period = 0
+    # Flat queues: lent GPU-seconds through a clock, O(1) per point. ``ratio`` is the share of every
+    # lendable GPU that borrowers hold beyond the common pool; each quota's lent figure grows with
+    # its own offer times the clock since its offer last changed.
+    flat = not queue.cohorts
+    quotas = queue.quotas
+    common = queue.capacity - sum(capacity)
+    offer = [lendable(quota, 0) for quota in quotas]
+    supply = sum(offer)
+    lent_clock = 0.0
+    lent_last = [0.0] * n
+    lent_s = [0.0] * n
+    ratio = 0.0
+
+    def settle_lent(q: int) -> None:
+        lent_s[q] += offer[q] * (lent_clock - lent_last[q])
+        lent_last[q] = lent_clock
 
     def advance(q: int, t: float) -> None:
         span = t - last[q]
@@ -265,14 +282,18 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
             opened[h] = (t, clock[q])
         for q in range(n):
             advance(q, t)
-        _settle_period(queue, periods[period], capacity, within_s, borrowed_s, borrowing, dags, lent_at, result)
+            settle_lent(q)
+        lent = list(lent_s) if flat else _lent_of_states(queue, borrowing, lent_at)
+        _settle_period(queue, periods[period], capacity, within_s, borrowed_s, lent, dags, result)
         for q in range(n):
-            within_s[q] = borrowed_s[q] = 0.0
+            within_s[q] = borrowed_s[q] = lent_s[q] = 0.0
         borrowing, dags = {}, {}
 
     for t, order, q, h in points:
         if t > moment:
-            if borrowed_total:
+            if ratio:
+                lent_clock += (t - moment) * ratio
+            elif borrowed_total and not flat:
                 key = tuple(used)
                 borrowing[key] = borrowing.get(key, 0.0) + (t - moment)
             moment = t
@@ -291,9 +312,19 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
             new = old - holds[h].gpus
         used[q] = new
         borrowed_total += (new - c if new > c else 0) - (old - c if old > c else 0)
-    if until > moment and borrowed_total:
-        key = tuple(used)
-        borrowing[key] = borrowing.get(key, 0.0) + (until - moment)
+        if flat:
+            settle_lent(q)
+            now_offer = lendable(quotas[q], new)
+            supply += now_offer - offer[q]
+            offer[q] = now_offer
+            drawn = borrowed_total - common
+            ratio = (drawn / supply if drawn < supply else 1.0) if drawn > 0 and supply > 0 else 0.0
+    if until > moment:
+        if ratio:
+            lent_clock += (until - moment) * ratio
+        elif borrowed_total and not flat:
+            key = tuple(used)
+            borrowing[key] = borrowing.get(key, 0.0) + (until - moment)
     flush_period(until)
     _add_lost(queue, holds, starts, until, result)
 
@@ -304,20 +335,12 @@ def _settle_period(
     capacity: list[int],
     within_s: list[float],
     borrowed_s: list[float],
-    borrowing: dict[tuple[int, ...], float],
+    lent_s: list[float],
     dags: dict,
-    lent_at: dict[tuple[int, ...], list[int]],
     result: Account,
 ) -> None:
     start, end = period
     span = end - start
-    lent_s = [0.0] * len(capacity)
-    for used, seconds in borrowing.items():
-        lent = lent_at.get(used)
-        if lent is None:
-            lent = lent_at[used] = _lent(queue, used)
-        for i, gpus in enumerate(lent):
-            lent_s[i] += gpus * seconds
     for i, quota in enumerate(queue.quotas):
         cap_s = capacity[i] * span
         result.quotas[(start, quota.name)] = Figures(
@@ -331,6 +354,20 @@ def _settle_period(
         result.dags[(start, queue.quotas[q].name, dag_id)] = Figures(used_within=w, borrowed=b)
     pool = queue.capacity - sum(capacity)
     result.pools[(start, queue.name)] = PoolFigures(capacity_s=pool * span, drawn=sum(borrowed_s) - sum(lent_s))
+
+
+def _lent_of_states(
+    queue: Queue, borrowing: dict[tuple[int, ...], float], lent_at: dict[tuple[int, ...], list[int]]
+) -> list[float]:
+    """Each quota's lent GPU-seconds over the usage vectors a period spent seconds at (cohorts)."""
+    lent_s = [0.0] * len(queue.quotas)
+    for used, seconds in borrowing.items():
+        lent = lent_at.get(used)
+        if lent is None:
+            lent = lent_at[used] = _lent(queue, used)
+        for i, gpus in enumerate(lent):
+            lent_s[i] += gpus * seconds
+    return lent_s
 
 
 def _lent(queue: Queue, used: tuple[int, ...]) -> list[int]:

@@ -191,6 +191,19 @@ def scenarios(draw):
     return queue, holds, [(0, cut), (cut, 40)]
 
 
+def _proportional_lent(queue, usage):
+    """Flat queues: what borrowers hold beyond the common pool, shared in exact proportion to offers."""
+    from airflow_quota_provider.policy.capacity import lendable
+
+    offers = {q.name: lendable(q, usage.used[q.name]) for q in queue.quotas}
+    common = queue.capacity - sum(q.capacity for q in queue.quotas)
+    drawn = sum(max(0, usage.used[q.name] - q.capacity) for q in queue.quotas) - common
+    supply = sum(offers.values())
+    if drawn <= 0 or supply == 0:
+        return dict.fromkeys(offers, 0)
+    return {name: offer * min(drawn, supply) / supply for name, offer in offers.items()}
+
+
 def reference(queue, holds, period):
     """The definitions applied second by second over integer times."""
     start, end = period
@@ -204,7 +217,7 @@ def reference(queue, holds, period):
                 saved = h.last_checkpoint_at if h.last_checkpoint_at is not None else h.start
                 if h.preempted and h.end is not None and t >= saved and h.quota in out:
                     out[h.quota]["lost"] += h.gpus
-        lent = usage.lent()
+        lent = usage.lent() if queue.cohorts else _proportional_lent(queue, usage)
         for q in queue.quotas:
             used = usage.used[q.name]
             out[q.name]["used_within"] += min(used, q.capacity)
