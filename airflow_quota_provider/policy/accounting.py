@@ -396,6 +396,18 @@ def _add_lost(queue: Queue, holds: list[Hold], starts: list[float], until: float
             begin = piece_end
 
 
+def lost_by_end(holds: Iterable[Hold], since: float, until: float) -> dict[str, float]:
+    """Per quota, the whole lost stretch of each preempted hold whose GPUs were freed in
+    [since, until): a counter can only count a loss once the preemption is known, so the metrics
+    charge it when the GPUs are freed rather than cut at period boundaries as :func:`account` does."""
+    out: dict[str, float] = {}
+    for hold in holds:
+        if hold.preempted and hold.end is not None and since <= hold.end < until:
+            begin, end = lost_span(hold.start, hold.end, hold.last_checkpoint_at)
+            out[hold.quota] = out.get(hold.quota, 0.0) + hold.gpus * (end - begin)
+    return out
+
+
 def totals(account_: Account, by: str = "quota", owners: Mapping[str, str] | None = None) -> dict[str, Figures]:
     """The account summed over its periods, per ``quota``, ``dag`` or ``owner`` (``owners``: DAG id ->
     owner; a DAG without one is charged to ``"unknown"``). Only quotas carry lent, idle and capacity."""
