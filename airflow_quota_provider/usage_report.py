@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from airflow_quota_provider.policy import QuotaFile
 
 BY = ("quota", "dag", "owner")
+MAX_BUCKETS = 1440
+"""The most buckets one series request may ask for (a day in one-minute buckets)."""
 
 
 class UsageRequestError(ValueError):
@@ -54,9 +56,12 @@ def iso(at: float) -> str:
     return datetime.fromtimestamp(at, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def account_period(quota_file: QuotaFile, since: float, until: float, *, session: Session) -> Account:
-    """The account of [since, until) cut at UTC midnights: rolled-up days from the roll-up, the rest
-    from the audit log. A bound inside a rolled-up day is refused (its events are gone)."""
+def account_period(
+    quota_file: QuotaFile, since: float, until: float, *, every_s: float = DAY_S, session: Session
+) -> Account:
+    """The account of [since, until) cut at the multiples of ``every_s`` (a divisor of a day, so UTC
+    midnights are always cuts): rolled-up days from the roll-up (whole days), the rest from the audit
+    log. A bound inside a rolled-up day is refused (its events are gone)."""
     if not until > since:
         raise UsageRequestError(f"until: {iso(until)} is not after since {iso(since)}")
     rolled = ledger.rolled_until(session=session) or float("-inf")
@@ -72,7 +77,7 @@ def account_period(quota_file: QuotaFile, since: float, until: float, *, session
     if until > rolled:
         start = max(since, rolled)
         holds = holds_from_events(ledger.accounting_events(start, until, session=session))
-        parts.append(account(quota_file.queues, holds, period_cuts(start, until, DAY_S)))
+        parts.append(account(quota_file.queues, holds, period_cuts(start, until, every_s)))
     for part in parts:
         merged.periods += part.periods
         merged.quotas.update(part.quotas)
@@ -113,6 +118,28 @@ def usage_report(
     result = account_period(quota_file, since, until, session=session)
     if by == "owner" and owners is None:
         owners = dag_owners(session=session)
+    return _rows(result, by, owners, since, until)
+
+
+def usage_series(
+    quota_file: QuotaFile, since: float, until: float, every_s: float, *, session: Session
+) -> list[dict[str, Any]]:
+    """[since, until) in buckets cut at the multiples of ``every_s`` (a divisor of a day; a rolled-up
+    day is one bucket): per bucket ``since``, ``until`` and :func:`usage_report`'s quota rows. The
+    buckets' rows add up to the report's over the same span (one account, cut finer)."""
+    if not (every_s >= 60 and DAY_S % every_s == 0):
+        raise UsageRequestError(f"every: {every_s:g} is not a whole divisor of a day (86400) of at least 60 seconds")
+    if (until - since) / every_s > MAX_BUCKETS:
+        raise UsageRequestError(f"every: {every_s:g} s cuts the period into more than {MAX_BUCKETS} buckets")
+    result = account_period(quota_file, since, until, every_s=every_s, session=session)
+    series = []
+    for start, end in result.periods:
+        bucket = Account([(start, end)], {k: f for k, f in result.quotas.items() if k[0] == start}, {}, {})
+        series.append({"since": iso(start), "until": iso(end), "rows": _rows(bucket, "quota", None, start, end)})
+    return series
+
+
+def _rows(result: Account, by: str, owners: dict[str, str] | None, since: float, until: float) -> list[dict[str, Any]]:
     rows = []
     for key, figures in sorted(totals(result, by=by, owners=owners).items()):
         row: dict[str, Any] = {by: key, "since": iso(since), "until": iso(until)}
@@ -123,6 +150,23 @@ def usage_report(
                 row[kind] = round(getattr(figures, kind), 3)
         rows.append(row)
     return rows
+
+
+def columns(by: str) -> list[str]:
+    """The columns of :func:`usage_report`'s rows, in table and CSV order."""
+    return [by, *(["capacity_s", *KINDS] if by == "quota" else [k for k in KINDS if k not in ("lent", "idle")])]
+
+
+def usage_csv(rows: list[dict[str, Any]], by: str) -> str:
+    """The rows as CSV (``airflow quota usage -o csv``, ``GET /quota/api/usage?format=csv``)."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=[*columns(by), "since", "until"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
 
 
 def pool_report(quota_file: QuotaFile, since: float, until: float, *, session: Session) -> list[dict[str, Any]]:

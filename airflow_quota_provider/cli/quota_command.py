@@ -217,7 +217,7 @@ def usage(args) -> None:
     """GPU-seconds per quota, DAG or owner over --since/--until (the same figures as GET /quota/api/usage)."""
     import time
 
-    from airflow_quota_provider.usage_report import UsageRequestError, parse_time, usage_report
+    from airflow_quota_provider.usage_report import UsageRequestError, columns, parse_time, usage_csv, usage_report
 
     quota_file = _quota_file()
     try:
@@ -227,17 +227,10 @@ def usage(args) -> None:
             rows = usage_report(quota_file, since, until, by=args.by, session=session)
     except UsageRequestError as e:
         raise SystemExit(f"Error: {e}")
-    columns = [args.by] + (["capacity_s", "used_within", "borrowed", "lent", "idle", "lost"] if args.by == "quota"
-                           else ["used_within", "borrowed", "lost"])
     if args.output == "csv":
-        import csv
-        import sys
-
-        writer = csv.DictWriter(sys.stdout, fieldnames=columns + ["since", "until"], lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+        print(usage_csv(rows, args.by), end="")
         return
-    _emit(rows, args.output, columns)
+    _emit(rows, args.output, columns(args.by))
 
 
 @suppress_logs_and_warning

@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 from airflow_quota_provider.models.job import JobState, QuotaEvent, QuotaJob
 from airflow_quota_provider.policy import Queue, Quota, QuotaFile
 from airflow_quota_provider.policy.accounting import DAY_S
-from airflow_quota_provider.usage_report import UsageRequestError, db_clean, usage_report
+from airflow_quota_provider.usage_report import UsageRequestError, db_clean, usage_report, usage_series
 
 QUOTAS = QuotaFile((Queue("fleet", 10, (Quota("team-a", 4), Quota("team-b", 4))),))
 DAY0 = 100 * DAY_S
@@ -75,6 +75,40 @@ def test_the_report_charges_the_scripted_history(history):
     # team-b: the victim lost its 900 s + 100 s grace on 2 GPUs (no checkpoint).
     assert quota["team-b"]["lost"] == 2 * 1000
     assert quota["team-b"]["used_within"] + quota["team-b"]["lent"] + quota["team-b"]["idle"] == 4 * 3 * DAY_S
+
+
+def _summed(series) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for bucket in series:
+        for row in bucket["rows"]:
+            sums = out.setdefault(row["quota"], {})
+            for kind in ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost"):
+                sums[kind] = sums.get(kind, 0.0) + row[kind]
+    return out
+
+
+def test_a_series_cuts_the_report_into_buckets_that_add_up_to_it_before_and_after_a_clean(history):
+    """6-hour buckets from the events; after db-clean, the rolled-up days are whole-day buckets."""
+    report = {row["quota"]: row for row in _all(history)["quota"]}
+    series = usage_series(QUOTAS, DAY0, DAY0 + 3 * DAY_S, 6 * 3600, session=history)
+    assert [b["since"] for b in series[:2]] == ["1970-04-11T00:00:00Z", "1970-04-11T06:00:00Z"] and len(series) == 12
+    # The borrower holds 8 GPUs from 80000 s into day 0: its first bucket has 86400 - 80000 s of it.
+    last_of_day0 = {row["quota"]: row for row in series[3]["rows"]}
+    assert last_of_day0["team-a"]["used_within"] == 4 * (DAY_S - 80000)
+
+    db_clean(QUOTAS, 1, session=history, now=DAY0 + 3 * DAY_S + 600)
+    cleaned = usage_series(QUOTAS, DAY0, DAY0 + 3 * DAY_S, 6 * 3600, session=history)
+    assert len(cleaned) == 2 + 4  # two rolled-up days, then day 2 in quarters
+    for buckets in (series, cleaned):
+        for quota, sums in _summed(buckets).items():
+            for kind, total in sums.items():
+                assert total == pytest.approx(report[quota][kind], abs=0.01), (quota, kind)
+
+
+@pytest.mark.parametrize("every_s", [7 * 60, 30, 2 * DAY_S], ids=["not a divisor of a day", "under a minute", "over a day"])
+def test_a_series_bucket_that_would_not_cut_at_midnight_is_refused(session, every_s):
+    with pytest.raises(UsageRequestError, match="^every: "):
+        usage_series(QUOTAS, DAY0, DAY0 + DAY_S, every_s, session=session)
 
 
 def test_a_bound_inside_a_rolled_up_day_is_refused_naming_it(history):
