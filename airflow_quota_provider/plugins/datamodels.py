@@ -202,6 +202,14 @@ class UsageRow(BaseModel):
     lost: float = Field(description="GPU-seconds of work lost to preemption (since the last checkpoint, or the start).")
 
 
+class UsageBucket(BaseModel):
+    """One bucket of a usage series: each quota's GPU-seconds in [since, until)."""
+
+    since: datetime = Field(description="Start of the bucket (inclusive).")
+    until: datetime = Field(description="End of the bucket (exclusive); the last one ends at the period's end.")
+    rows: list[UsageRow] = Field(description="One row per quota, sorted by key.")
+
+
 class UsageResponse(BaseModel):
     """Chargeback over a period: the same figures as `airflow quota usage`."""
 
@@ -209,3 +217,5 @@ class UsageResponse(BaseModel):
     until: datetime = Field(description="End of the period (exclusive).")
     by: str = Field(description="quota | dag | owner.")
     rows: list[UsageRow] = Field(description="One row per quota, DAG or owner, sorted by key.")
+    series: list[UsageBucket] | None = Field(
+        default=None, description="With `every`: per bucket, in time order, the quotas' rows (they add up to `rows` for by=quota).")

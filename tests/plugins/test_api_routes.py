@@ -238,9 +238,27 @@ def test_the_cli_and_the_api_charge_the_same_usage(server, jobs):
         assert row["used_within"] + row["lent"] + row["idle"] == pytest.approx(row["capacity_s"])
 
 
+def test_the_usage_series_adds_up_to_the_rows_and_the_csv_is_the_clis(server, jobs):
+    import time
+
+    since, until = int(time.time()) - 2 * 3600, int(time.time()) + 3600
+    status, body = server.request("GET", f"/quota/api/usage?since={since}&until={until}&every=3600", user="viewer")
+    assert status == 200, body
+    assert len(body["series"]) == 3 + (since % 3600 > 0) and body["series"][-1]["until"] == body["until"]
+    for row in body["rows"]:
+        for kind in ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost"):
+            summed = sum(r[kind] for bucket in body["series"] for r in bucket["rows"] if r["key"] == row["key"])
+            assert summed == pytest.approx(row[kind], abs=0.01), (row["key"], kind)
+    status, text = server.request("GET", f"/quota/api/usage?since={since}&until={until}&format=csv", user="viewer")
+    cli = server.instance.airflow("quota", "usage", "--since", str(since), "--until", str(until), "-o", "csv")
+    assert status == 200 and text == cli.stdout and text.startswith("quota,capacity_s,used_within,"), text
+
+
 @pytest.mark.parametrize(
     ("query", "field"),
     [
+        pytest.param("since=0&every=420", "every", id="every not a divisor of a day"),
+        pytest.param("since=0&until=86400000&every=60", "every", id="too many buckets"),
         pytest.param("since=yesterday", "since", id="since not a time"),
         pytest.param("since=100&until=50", "until", id="until before since"),
     ],
