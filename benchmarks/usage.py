@@ -19,6 +19,8 @@ from airflow_quota_provider.policy.accounting import DAY_S, Event, account, hold
 
 QUOTAS = 20
 CAPACITY = 512
+GOAL_S = 2.0
+"""Issue 15: usage over 1,000,000 events in under 2 s."""
 
 
 def make_events(n: int, seed: int) -> tuple[list[Event], float]:
@@ -89,7 +91,7 @@ def main() -> None:
     print(f"events: {len(events):,}  holds: {len(holds):,}  quotas: {QUOTAS}  days: {len(periods)}  "
           f"DAG rows: {len(result.dags):,}")
     print(f"events -> holds: {best_holds:.3f} s   account: {best_account:.3f} s   total: {total:.3f} s "
-          f"(goal < 2 s: {'met' if total < 2 else 'NOT met'})")
+          f"= {total / GOAL_S:.2f} x the goal of {GOAL_S:g} s ({'met' if total < GOAL_S else 'NOT met'})")
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ class Hold(NamedTuple):
     last_checkpoint_at: float | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Figures:
     """GPU-seconds of one quota (or one DAG on one quota) in one period; ``capacity_s`` = C x T."""
 
@@ -219,6 +219,8 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
             points.append((start, 1, q, h))
             points.append((end, 0, q, h))
     points.sort()
+    gpus_of = [hold.gpus for hold in holds]
+    dag_of = [hold.dag_id for hold in holds]
 
     used = [0] * n
     last = [since] * n  # when each quota's lazily integrated figures were last brought up to date
@@ -264,25 +266,26 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
                     clock[q] += span
             last[q] = t
 
-    def close_piece(h: int, t: float) -> None:
+    def close_piece(h: int, q: int, t: float) -> None:
+        """Charge hold ``h``'s DAG its share of quota ``q``'s figures (brought up to ``t``) since its piece began."""
         began, clock_then = opened.pop(h)
-        hold = holds[h]
-        q = index[hold.quota]
-        advance(q, t)
-        share_within = hold.gpus * (clock[q] - clock_then)
-        share = dags.setdefault((q, hold.dag_id), [0.0, 0.0])
+        gpus = gpus_of[h]
+        share_within = gpus * (clock[q] - clock_then)
+        share = dags.get((q, dag_of[h]))
+        if share is None:
+            share = dags[q, dag_of[h]] = [0.0, 0.0]
         share[0] += share_within
-        share[1] += hold.gpus * (t - began) - share_within
+        share[1] += gpus * (t - began) - share_within
 
     def flush_period(t: float) -> None:
         nonlocal borrowing, dags
-        for h in list(opened):
-            close_piece(h, t)
-            q = index[holds[h].quota]
-            opened[h] = (t, clock[q])
         for q in range(n):
             advance(q, t)
             settle_lent(q)
+        for h in list(opened):
+            q = index[holds[h].quota]
+            close_piece(h, q, t)
+            opened[h] = (t, clock[q])
         lent = list(lent_s) if flat else _lent_of_states(queue, borrowing, lent_at)
         _settle_period(queue, periods[period], capacity, within_s, borrowed_s, lent, dags, result)
         for q in range(n):
@@ -305,11 +308,11 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
         c = capacity[q]
         old = used[q]
         if order:
-            new = old + holds[h].gpus
+            new = old + gpus_of[h]
             opened[h] = (t, clock[q])
         else:
-            close_piece(h, t)
-            new = old - holds[h].gpus
+            close_piece(h, q, t)
+            new = old - gpus_of[h]
         used[q] = new
         borrowed_total += (new - c if new > c else 0) - (old - c if old > c else 0)
         if flat:
@@ -350,8 +353,9 @@ def _settle_period(
             lent=lent_s[i],
             idle=cap_s - within_s[i] - lent_s[i],
         )
+    names = [quota.name for quota in queue.quotas]
     for (q, dag_id), (w, b) in dags.items():
-        result.dags[(start, queue.quotas[q].name, dag_id)] = Figures(used_within=w, borrowed=b)
+        result.dags[(start, names[q], dag_id)] = Figures(0.0, w, b)
     pool = queue.capacity - sum(capacity)
     result.pools[(start, queue.name)] = PoolFigures(capacity_s=pool * span, drawn=sum(borrowed_s) - sum(lent_s))
 
