@@ -1,4 +1,4 @@
-"""Time a usage report over 1,000,000 audit events: 20 quotas on a 512-GPU queue, 30 days, cut by day.
+"""Time a usage report over 1,000,000 audit events: 20 quotas on a 512-GPU queue, about 150 days, cut by day.
 
     python benchmarks/usage.py [--events N] [--repeat R] [--seed S]
 
