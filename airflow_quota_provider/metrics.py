@@ -5,6 +5,9 @@ same figures the REST API shows, and turns the audit events written since its la
 and a wait-time timer, so nothing is counted twice and a restarted scheduler does not re-count history.
 Every metric is named with the quota (``quota.gpus_in_use.team-a``, for StatsD, which has no tags) and
 also carries ``quota`` and ``queue`` tags (for Datadog and OTel). ``docs/metrics.md`` lists them.
+
+:class:`GpuSecondsMeter` counts GPU-seconds per quota and kind (used within capacity, borrowed, lent,
+idle, lost) with the usage accounting core, over the time since its previous call.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from sqlalchemy import func, select
 
 from airflow.sdk.observability.stats import Stats, normalize_name_for_stats
 from airflow_quota_provider.models.job import EventKind, QuotaEvent, QuotaJob
+from airflow_quota_provider.models.usage import accounting_events
+from airflow_quota_provider.policy.accounting import KINDS, account, holds_from_events, lost_by_end
 from airflow_quota_provider.usage import cohort_rows, quota_rows
 
 if TYPE_CHECKING:
@@ -128,3 +133,41 @@ def _wait_s(admitted: QuotaEvent, *, session: Session) -> float | None:
         select(QuotaJob.submitted_at).where(QuotaJob.id == admitted.job_id)
     )
     return None if start is None else max(0.0, admitted.at - start)
+
+
+class GpuSecondsMeter:
+    """Counters ``quota.gpu_seconds.<quota>.<kind>`` (tags ``quota``, ``queue``, ``kind``): the
+    GPU-seconds the accounting core charges each quota over the time since the previous call.
+
+    Counters take whole numbers, so each call sends the whole GPU-seconds accrued and carries the
+    fraction to the next: the sum sent stays within one GPU-second of ``airflow quota usage`` over
+    the same time. ``lost`` is counted when the preempted job's GPUs are freed (the report cuts it at
+    period boundaries instead). The first call only starts the clock (history is not counted).
+    """
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self._carry: dict[tuple[str, str], float] = {}
+
+    def emit(self, quota_file: QuotaFile, *, session: Session, now: float) -> None:
+        """Send the counters for [previous call, ``now``); a failure is logged, never raised, and
+        the same span is tried again next time."""
+        if self.since is None:
+            self.since = now
+        if now <= self.since:
+            return
+        try:
+            holds = holds_from_events(accounting_events(self.since, now, session=session))
+            result = account(quota_file.queues, holds, [(self.since, now)])
+            lost = lost_by_end(holds, self.since, now)
+        except Exception:
+            log.warning("Could not count quota GPU-seconds", exc_info=True)
+            return
+        for (_, quota), figures in result.quotas.items():
+            tags = {"quota": quota, "queue": _queue(quota_file, quota)}
+            for kind in KINDS:
+                seconds = lost.get(quota, 0.0) if kind == "lost" else getattr(figures, kind)
+                whole, self._carry[quota, kind] = divmod(self._carry.get((quota, kind), 0.0) + seconds, 1.0)
+                if whole:
+                    Stats.incr(_name("gpu_seconds", quota, kind), count=int(whole), tags={**tags, "kind": kind})
+        self.since = now

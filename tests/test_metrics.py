@@ -131,3 +131,51 @@ def test_each_cohort_gets_gauges_of_its_subtree(statsd, session):
     for line in ("airflow.quota.cohort.gpus_in_use.ml:7|g", "airflow.quota.cohort.borrowed.ml:0|g",
                  "airflow.quota.cohort.lent.ml:0|g", "airflow.quota.gpus_in_use.team-a:2|g"):
         assert line in lines
+
+
+def _counts(lines: list[str], metric: str) -> dict[str, int]:
+    """``airflow.quota.<metric>.<quota>.<kind>:N|c`` lines summed per ``<quota>.<kind>``."""
+    prefix = f"airflow.quota.{metric}."
+    out: dict[str, int] = {}
+    for line in lines:
+        if line.startswith(prefix) and line.endswith("|c"):
+            name, value = line[len(prefix):-2].split(":")
+            out[name] = out.get(name, 0) + int(value)
+    return out
+
+
+def test_gpu_seconds_per_quota_and_kind_add_up_to_the_usage_report(statsd, session, quota_file):
+    """team-b borrows 1 GPU of team-a's; a team-a job is preempted after 40 s without a checkpoint.
+    The first window ends a quarter into a second: the fractions carried over make whole seconds."""
+    from airflow_quota_provider.metrics import GpuSecondsMeter
+    from airflow_quota_provider.usage_report import usage_report
+
+    t0 = 1_000_000.0
+    borrower = QuotaJob(dag_id="d", run_id="r", task_id="borrower", quota="team-b", gpus=5, priority=0,
+                        state="running", submitted_at=t0)
+    victim = QuotaJob(dag_id="d", run_id="r", task_id="victim", quota="team-a", gpus=1, priority=0,
+                      state="pending", submitted_at=t0)
+    session.add_all([borrower, victim])
+    session.flush()
+    for job, kind, at in ((borrower, "admitted", t0 + 10), (victim, "admitted", t0 + 20), (victim, "preempted", t0 + 50),
+                          (victim, "released", t0 + 60), (victim, "stopped", t0 + 60)):
+        devices = ",".join(str(i) for i in range(job.gpus)) if kind in ("admitted", "released") else None
+        session.add(QuotaEvent(at=at, kind=kind, job_id=job.id, dag_id=job.dag_id, quota=job.quota, devices=devices))
+    session.flush()
+
+    meter = GpuSecondsMeter()
+    meter.emit(quota_file, session=session, now=t0)
+    assert _counts(statsd(), "gpu_seconds") == {}  # the first call starts the clock
+    meter.emit(quota_file, session=session, now=t0 + 100.25)
+    first = _counts(statsd(), "gpu_seconds")
+    meter.emit(quota_file, session=session, now=t0 + 101)
+    second = _counts(statsd(), "gpu_seconds")
+
+    assert first["team-b.used_within"] == 4 * 90.25 and first["team-b.borrowed"] == 90  # 90.25 s, floored
+    assert first["team-a.lost"] == 40 and "team-a.lost" not in second
+    report = {row["quota"]: row for row in usage_report(quota_file, t0, t0 + 101, session=session)}
+    for quota, row in report.items():
+        for kind in ("used_within", "borrowed", "lent", "idle", "lost"):
+            sent = first.get(f"{quota}.{kind}", 0) + second.get(f"{quota}.{kind}", 0)
+            assert 0 <= row[kind] - sent < 1, (quota, kind, sent, row[kind])
+    assert second["team-b.borrowed"] == 1  # 0.25 carried + 0.75

@@ -26,6 +26,16 @@ ARG_OUTPUT = Arg(
     choices=("table", "json"),
     default="table",
 )
+ARG_USAGE_OUTPUT = Arg(
+    ("-o", "--output"),
+    help="Output format: table (default), json or csv",
+    choices=("table", "json", "csv"),
+    default="table",
+)
+ARG_SINCE = Arg(("--since",), help="Start of the period (inclusive): ISO 8601 (UTC unless a zone is given) or POSIX seconds", required=True)
+ARG_UNTIL = Arg(("--until",), help="End of the period (exclusive); default: now")
+ARG_BY = Arg(("--by",), help="Charge GPU-seconds per quota (default), dag or owner", choices=("quota", "dag", "owner"), default="quota")
+ARG_OLDER_THAN = Arg(("--older-than",), help="Delete audit events and finished jobs older than DAYS days (whole UTC days), after rolling them up", type=float, required=True, metavar="DAYS")
 ARG_ALL = Arg(("--all",), help="Also list finished and failed jobs", action="store_true")
 ARG_DAG_ID = Arg(("dag_id",), help="The DAG id")
 ARG_RUN_ID = Arg(("run_id",), help="The DAG run id")
@@ -71,6 +81,18 @@ QUOTA_COMMANDS: list[ActionCommand] = [
         help="Make an AWS Batch job queue's quota shares match one queue of a quota file (--backend aws-batch)",
         func=lazy_load_command("airflow_quota_provider.cli.aws_command.apply"),
         args=APPLY_ARGS,
+    ),
+    ActionCommand(
+        name="usage",
+        help="GPU-seconds used within capacity, borrowed, lent, idle and lost to preemption, per quota, DAG or owner",
+        func=lazy_load_command("airflow_quota_provider.cli.quota_command.usage"),
+        args=(ARG_SINCE, ARG_UNTIL, ARG_BY, ARG_USAGE_OUTPUT, ARG_VERBOSE),
+    ),
+    ActionCommand(
+        name="db-clean",
+        help="Roll up usage by day, then delete old audit events and finished jobs (totals survive)",
+        func=lazy_load_command("airflow_quota_provider.cli.quota_command.db_clean"),
+        args=(ARG_OLDER_THAN, ARG_VERBOSE),
     ),
     SIMULATE_COMMAND,
 ]

@@ -209,3 +209,40 @@ def explain(args) -> None:
     for e in info["events"]:
         extra = " ".join(f"{k}={e[k]}" for k in ("reason", "victim", "preemptor", "host", "devices") if e[k])
         print(f"  - {e['kind']} {extra} {e['message'] or ''}".rstrip())
+
+
+@suppress_logs_and_warning
+@_needs_tables
+def usage(args) -> None:
+    """GPU-seconds per quota, DAG or owner over --since/--until (the same figures as GET /quota/api/usage)."""
+    import time
+
+    from airflow_quota_provider.usage_report import UsageRequestError, columns, parse_time, usage_csv, usage_report
+
+    quota_file = _quota_file()
+    try:
+        since = parse_time(args.since, "since")
+        until = parse_time(args.until, "until") if args.until else time.time()
+        with create_session() as session:
+            rows = usage_report(quota_file, since, until, by=args.by, session=session)
+    except UsageRequestError as e:
+        raise SystemExit(f"Error: {e}")
+    if args.output == "csv":
+        print(usage_csv(rows, args.by), end="")
+        return
+    _emit(rows, args.output, columns(args.by))
+
+
+@suppress_logs_and_warning
+@_needs_tables
+def db_clean(args) -> None:
+    """Roll up usage by day, then delete audit events and finished jobs older than --older-than days."""
+    from airflow_quota_provider.usage_report import UsageRequestError, db_clean as clean
+
+    quota_file = _quota_file()
+    try:
+        with create_session() as session:
+            result = clean(quota_file, args.older_than, session=session)
+    except UsageRequestError as e:
+        raise SystemExit(f"Error: {e}")
+    print(json.dumps(result, indent=2, sort_keys=True))

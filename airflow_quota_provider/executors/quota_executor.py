@@ -48,7 +48,7 @@ from airflow_quota_provider.executors.act import Act
 from airflow_quota_provider.executors.config import LAUNCHERS, MANAGED_POOL, QuotaConfig, QuotaConfigError, discover_devices
 from airflow_quota_provider.executors.reconcile import Reconcile
 from airflow_quota_provider.executors.schedule import Schedule
-from airflow_quota_provider.metrics import emit_metrics
+from airflow_quota_provider.metrics import GpuSecondsMeter, emit_metrics
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.coordination import UNQUEUED, db_now, try_lock
 from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, record_event
@@ -88,6 +88,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         self._states: dict[str, State] = {}
         """Job queue -> the state of the last scheduling cycle (for the metrics)."""
         self._metrics_cursor: int | None = None
+        self._gpu_seconds = GpuSecondsMeter()
         self._now = time.time()
         """This cycle's time by the database's clock (:func:`~airflow_quota_provider.models.coordination.db_now`)."""
         self._locked: set[str] = set()
@@ -288,6 +289,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
                         self.quota_file, session=session, since_event_id=self._metrics_cursor,
                         states=self._states if decided_all else None,
                     )
+                    self._gpu_seconds.emit(self.quota_file, session=session, now=db_now(session))
                 self._keep_queued_alive(session)
                 self._forget_handed_over(session)
         except Exception:

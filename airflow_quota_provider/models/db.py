@@ -6,7 +6,7 @@ import os
 
 from airflow.utils.db_manager import BaseDBManager
 
-from airflow_quota_provider.models import host as _host, job as _job  # noqa: F401  (registers the tables)
+from airflow_quota_provider.models import host as _host, job as _job, usage as _usage  # noqa: F401  (registers the tables)
 from airflow_quota_provider.models.base import quota_metadata
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -14,13 +14,14 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _REVISION_HEADS_MAP: dict[str, str] = {
     "0.1.0": "0001_quota",
     "0.2.0": "0003_quota_report",
+    "0.3.0": "0004_quota_usage",
 }
 """Provider release -> Alembic head at that release."""
 
 
 class QuotaDBManager(BaseDBManager):
     """Creates and migrates ``quota_job``, ``quota_device_allocation``, ``quota_event``,
-    ``quota_preemption_count``, ``quota_host`` and ``quota_launch``; its Alembic version lives in
+    ``quota_preemption_count``, ``quota_host``, ``quota_launch`` and ``quota_usage_daily``; its Alembic version lives in
     ``alembic_version_quota``."""
 
     metadata = quota_metadata

@@ -218,6 +218,7 @@ class QuotaEvent(QuotaBase):
     """One line of the audit log."""
 
     __tablename__ = "quota_event"
+    __table_args__ = (Index("idx_quota_event_at", "at"),)  # usage reports and db-clean select by time
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     at: Mapped[float] = mapped_column(Float, nullable=False)

@@ -28,6 +28,7 @@ from airflow_quota_provider.plugins.datamodels import (
     JobResponse,
     QueueCollectionResponse,
     QuotaCollectionResponse,
+    UsageResponse,
 )
 from airflow_quota_provider.usage import QuotaFileUnavailable, configured_quota_file
 
@@ -146,5 +147,45 @@ def get_events(
     """The audit log, newest first, paged."""
     try:
         return services.events(quota=quota, kind=kind, job_id=job_id, limit=limit, offset=offset, session=session)
+    except services.BadRequest as e:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(e))
+
+
+@api_router.get(
+    "/usage",
+    dependencies=CanRead,
+    responses={**create_openapi_http_exception_doc([400, 503]),
+               200: {"content": {"text/csv": {"schema": {"type": "string"}}},
+                     "description": "The rows as JSON, or with `format=csv` as CSV (`airflow quota usage -o csv`)."}},
+)
+def get_usage(
+    session: SessionDep,
+    since: Annotated[str, Query(max_length=64, description="Start of the period (inclusive): ISO 8601 (UTC unless a zone is given) or POSIX seconds.")],
+    until: Annotated[
+        str | None,
+        Query(max_length=64, description="End of the period (exclusive); default: now."),
+        in_query(type="string", maxLength=64),
+    ] = None,
+    by: Annotated[
+        str, Query(description="Charge per quota, dag or owner.", pattern="^(quota|dag|owner)$"),
+    ] = "quota",
+    every: Annotated[
+        int | None,
+        Query(ge=60, le=86400, description="Also return `series`: the quotas' rows per bucket of this many seconds "
+              "(a divisor of a day; buckets start at multiples of it, UTC)."),
+        in_query(type="integer", minimum=60, maximum=86400),
+    ] = None,
+    format: Annotated[str, Query(description="json, or csv for the rows as a CSV download.", pattern="^(json|csv)$")] = "json",
+) -> UsageResponse:
+    """GPU-seconds used within capacity, borrowed, lent, idle and lost to preemption over a period,
+    per quota, DAG or DAG owner: the figures of `airflow quota usage`. 400 names the bad field."""
+    try:
+        if format == "csv":
+            from fastapi.responses import PlainTextResponse
+
+            return PlainTextResponse(services.usage_csv(_quota_file(), since, until, by, session=session),
+                                     media_type="text/csv",
+                                     headers={"Content-Disposition": f'attachment; filename="gpu-usage-by-{by}.csv"'})
+        return services.usage(_quota_file(), since, until, by, every, session=session)
     except services.BadRequest as e:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(e))

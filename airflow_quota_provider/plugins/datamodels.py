@@ -188,3 +188,34 @@ class EventCollectionResponse(BaseModel):
 
     events: list[EventResponse] = Field(description="The events on this page, newest first.")
     total_entries: int = Field(description="Events matching the filters, on all pages.")
+
+
+class UsageRow(BaseModel):
+    """GPU-seconds charged to one quota, DAG or DAG owner over the period (``airflow quota usage``'s rows)."""
+
+    key: str = Field(description="The quota, DAG id or owner (as `by` says); `unknown` for a DAG without an owner.")
+    capacity_s: float | None = Field(description="Quota rows: capacity x period, GPU-seconds (used_within + lent + idle).")
+    used_within: float = Field(description="GPU-seconds used within the quota's capacity.")
+    borrowed: float = Field(description="GPU-seconds held above the quota's capacity.")
+    lent: float | None = Field(description="Quota rows: GPU-seconds of its idle capacity held by borrowers.")
+    idle: float | None = Field(description="Quota rows: GPU-seconds of its capacity nobody used.")
+    lost: float = Field(description="GPU-seconds of work lost to preemption (since the last checkpoint, or the start).")
+
+
+class UsageBucket(BaseModel):
+    """One bucket of a usage series: each quota's GPU-seconds in [since, until)."""
+
+    since: datetime = Field(description="Start of the bucket (inclusive).")
+    until: datetime = Field(description="End of the bucket (exclusive); the last one ends at the period's end.")
+    rows: list[UsageRow] = Field(description="One row per quota, sorted by key.")
+
+
+class UsageResponse(BaseModel):
+    """Chargeback over a period: the same figures as `airflow quota usage`."""
+
+    since: datetime = Field(description="Start of the period (inclusive).")
+    until: datetime = Field(description="End of the period (exclusive).")
+    by: str = Field(description="quota | dag | owner.")
+    rows: list[UsageRow] = Field(description="One row per quota, DAG or owner, sorted by key.")
+    series: list[UsageBucket] | None = Field(
+        default=None, description="With `every`: per bucket, in time order, the quotas' rows (they add up to `rows` for by=quota).")

@@ -38,6 +38,9 @@ from airflow_quota_provider.plugins.datamodels import (
     QueueResponse,
     QuotaCollectionResponse,
     QuotaResponse,
+    UsageBucket,
+    UsageResponse,
+    UsageRow,
 )
 from airflow_quota_provider.plugins.datamodels_ui import (
     CohortView,
@@ -458,3 +461,44 @@ def recent_preemptions(*, limit: int = RECENT_PREEMPTIONS, session: Session) -> 
             )
         )
     return out
+
+
+def _usage_rows(quota_file: QuotaFile, since: str, until: str | None, by: str, *, session: Session):
+    from airflow_quota_provider.usage_report import UsageRequestError, parse_time, usage_report
+
+    try:
+        start = parse_time(since, "since")
+        end = parse_time(until, "until") if until else time.time()
+        return start, end, usage_report(quota_file, start, end, by=by, session=session)
+    except UsageRequestError as e:
+        raise BadRequest(str(e)) from None
+
+
+def _usage_row(row: dict, by: str) -> UsageRow:
+    return UsageRow(key=row[by], **{k: row.get(k) for k in ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost")})
+
+
+def usage(
+    quota_file: QuotaFile, since: str, until: str | None, by: str, every: int | None = None, *, session: Session
+) -> UsageResponse:
+    """GET /usage: :func:`~airflow_quota_provider.usage_report.usage_report`, as the CLI shows it;
+    with ``every``, also :func:`~airflow_quota_provider.usage_report.usage_series`."""
+    from airflow_quota_provider.usage_report import UsageRequestError, usage_series
+
+    start, end, rows = _usage_rows(quota_file, since, until, by, session=session)
+    series = None
+    if every is not None:
+        try:
+            buckets = usage_series(quota_file, start, end, every, session=session)
+        except UsageRequestError as e:
+            raise BadRequest(str(e)) from None
+        series = [UsageBucket(since=b["since"], until=b["until"], rows=[_usage_row(r, "quota") for r in b["rows"]])
+                  for b in buckets]
+    return UsageResponse(since=_dt(start), until=_dt(end), by=by, rows=[_usage_row(r, by) for r in rows], series=series)
+
+
+def usage_csv(quota_file: QuotaFile, since: str, until: str | None, by: str, *, session: Session) -> str:
+    """GET /usage?format=csv: the rows as ``airflow quota usage -o csv`` prints them."""
+    from airflow_quota_provider.usage_report import usage_csv as to_csv
+
+    return to_csv(_usage_rows(quota_file, since, until, by, session=session)[2], by)

@@ -136,14 +136,9 @@ class Usage:
         lends (largest remainder, ties by name), so the figures add up to the borrowed total.
         """
         offers = {n: lendable(q, self.used[n]) for n, q in self.quotas.items()}
-        return _apportion(max(0, self.borrowed_total - self.common), offers)
-        exact = {n: from_lenders * offer / total for n, offer in offers.items()}
-        for n, value in exact.items():
-            result[n] = int(value)
-        rest = from_lenders - sum(result.values())
-        for n in sorted(exact, key=lambda n: (-(exact[n] - result[n]), n))[:rest]:
-            result[n] += 1
-        return result
+        # Never more than is lendable: an over-committed moment (a quota file edited under running
+        # jobs) has borrowers holding more than the pool and the lenders offer.
+        return _apportion(min(max(0, self.borrowed_total - self.common), sum(offers.values())), offers)
 
 
 class CohortTree:

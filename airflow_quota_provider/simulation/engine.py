@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from airflow_quota_provider.policy import Host, Job, Queue, QuotaFile, State, decide as policy_decide
+from airflow_quota_provider.policy.accounting import Hold, lost_span, within
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.capacity import CohortTree
 from airflow_quota_provider.simulation.policies import PolicySetup
@@ -151,11 +152,9 @@ class _Usage:
         span = now - self.last
         if span > 0 and self.used:
             self.busy_area += span * self.used
-            if self.used > self.capacity:
-                self.in_area += span * self.capacity
-                self.over_area += span * (self.used - self.capacity)
-            else:
-                self.in_area += span * self.used
+            kept = within(self.capacity, self.used)
+            self.in_area += span * kept
+            self.over_area += span * (self.used - kept)
         self.last = now
 
 
@@ -198,6 +197,9 @@ class SimulationResult:
     """Per cohort of the quota file, its subtree's usage over time (capacity: what the subtree owns)."""
     cohort_quotas: dict[str, list[str]] = field(default_factory=dict)
     """Per cohort, the quotas in its subtree."""
+    holds: list[Hold] = field(default_factory=list)
+    """Every attempt's GPUs held, for :mod:`~airflow_quota_provider.policy.accounting` (as the live system's)."""
+    quota_file: QuotaFile | None = None
 
 
 DecideFn = Callable[[State, float], Any]
@@ -247,6 +249,8 @@ class Simulator:
         self.on_progress = on_progress
         self.progress_every = progress_every
         self.decisions = 0
+        self.holds: list[Hold] = []
+        self.quota_file = quota_file
         self.jobs: dict[str, SimJob] = {}
         teams_unknown: dict[str, None] = {}
         for trace in jobs:
@@ -302,7 +306,10 @@ class Simulator:
         self._record(usage, 0, 1)
         self._mark(job.queue)
 
-    def _release(self, job: SimJob, now: float) -> None:
+    def _release(self, job: SimJob, now: float, *, lost_since: float | None = None) -> None:
+        """Free the job's GPUs; ``lost_since``: it was preempted and its work since then is lost."""
+        self.holds.append(Hold(job.trace.id, job.quota, job.trace.gpus, job.start, now, None,
+                               lost_since is not None, lost_since))
         usage = self.usage[job.quota]
         usage.change(now, -job.trace.gpus)
         job.queue.used -= job.trace.gpus
@@ -329,8 +336,9 @@ class Simulator:
         elapsed = now - job.start
         saved = math.floor(elapsed / job.checkpoint) * job.checkpoint if job.checkpoint > 0 else 0.0
         saved = min(saved, job.remaining)
-        self._release(job, now)
-        job.lost += (elapsed - saved) * job.trace.gpus
+        self._release(job, now, lost_since=job.start + saved)
+        begin, end = lost_span(job.start, now, job.start + saved)
+        job.lost += (end - begin) * job.trace.gpus
         job.remaining -= saved
         if job.stop_fail:
             job.status = "failed"
@@ -487,4 +495,6 @@ class Simulator:
             placed=self.placed,
             cohorts=self.cohort_usage,
             cohort_quotas={name: [q for q, u in self.usage.items() if usage in u.cohorts] for name, usage in self.cohort_usage.items()},
+            holds=self.holds,
+            quota_file=self.quota_file,
         )

@@ -16,6 +16,9 @@ Definitions (all times in seconds, GPU-hours = GPU-seconds / 3600):
   GPUs in use plus the GPUs of its jobs already waiting plus the job's own at most its capacity.
 - ``reclaim_latency_p95_s``: for those in-quota jobs that found too few free GPUs in the pool
   (so others were using capacity this quota lends), submission to first start.
+- ``used_within_gpu_hours``, ``lent_gpu_hours``, ``idle_gpu_hours`` (per quota), and
+  ``borrowed_gpu_hours``, ``lost_gpu_hours``: as :mod:`airflow_quota_provider.policy.accounting`
+  defines them for the live system (``airflow quota usage``), over the run's span.
 - ``preemptions``, ``lost_gpu_hours``: preemptions of this quota's jobs and the work they lost
   (run time since the last checkpoint); GPUs held during a grace period count as busy.
 - ``makespan_s``: from the run's first submission to the end of the quota's (or the run's) last job.
@@ -28,6 +31,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from airflow_quota_provider.policy.accounting import account
 from airflow_quota_provider.simulation.engine import SimJob, SimulationResult
 
 METRIC_KEYS = (
@@ -88,6 +92,15 @@ def summarize(result: SimulationResult) -> dict[str, Any]:
     for job in result.jobs:
         by_quota[job.quota].append(job)
     quotas = {name: _usage_figures(jobs, result.usage[name], result, span) for name, jobs in by_quota.items()}
+    if span > 0 and result.quota_file is not None:
+        charged = account(result.quota_file.queues, result.holds, [(result.start, result.end)])
+        for name, figures in quotas.items():
+            charge = charged.quotas[(result.start, name)]
+            figures["utilisation"] = _r(charge.used_within / charge.capacity_s) if charge.capacity_s else None
+            figures["borrowed_gpu_hours"] = _r(charge.borrowed / 3600.0)
+            figures["used_within_gpu_hours"] = _r(charge.used_within / 3600.0)
+            figures["lent_gpu_hours"] = _r(charge.lent / 3600.0)
+            figures["idle_gpu_hours"] = _r(charge.idle / 3600.0)
     overall = _summary(result.jobs, result.start, result.placed)
     overall["capacity"] = result.capacity
     busy = sum(u.busy_area for u in result.usage.values())

@@ -51,4 +51,5 @@ def test_an_unknown_backend_is_refused_naming_the_choices(parser, capsys):
 
 def test_simulate_is_a_quota_subcommand(parser):
     names = {c.name for c in get_quota_cli_commands()[0].subcommands}
-    assert names == {"status", "jobs", "hosts", "worker", "set-priority", "explain", "apply", "simulate"}
+    assert names == {"status", "jobs", "hosts", "worker", "set-priority", "explain", "apply", "usage", "db-clean",
+                     "simulate"}

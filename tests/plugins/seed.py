@@ -6,7 +6,10 @@ after their case):
 
 ``{"case": str, "quota": str, "gpus": int, "priority": int, "state": "pending"|"running"|"finished",
 "devices": [str], "position": int, "reason": str, "waited_s": float, "preemptions": int,
-"preempted_by": <case>, "preempt_reason": str}``
+"preempted_by": <case>, "preempt_reason": str, "held": [[from_s_ago, until_s_ago], ...]}``
+
+``held`` makes a finished job with that history in the audit log: an ``admitted`` and a ``released``
+event (``gpus`` devices) per stretch, so usage over past days has something to charge.
 """
 
 from __future__ import annotations
@@ -59,7 +62,13 @@ def seed_into(cases: list[dict], *, session) -> dict[str, int]:
         record_event(EventKind.SUBMITTED, job=job, session=session, message=f"priority {job.priority}")
         for _ in range(case.get("preemptions", 0)):
             count_preemption(job, session=session)
-        if state == "pending":
+        if "held" in case:
+            devices = ",".join(str(i) for i in range(job.gpus))
+            for start_ago, end_ago in case["held"]:
+                record_event(EventKind.ADMITTED, job=job, session=session, at=now - start_ago, host="local", devices=devices)
+                record_event(EventKind.RELEASED, job=job, session=session, at=now - end_ago, host="local", devices=devices)
+            job.state, job.started_at, job.finished_at = JobState.FINISHED.value, now - start_ago, now - end_ago
+        elif state == "pending":
             job.pending_reason = case.get("reason", "waiting for the next scheduling cycle")
             job.pending_position = case.get("position", 1)
         else:

@@ -18,6 +18,7 @@ READ_ROUTES = [
     "/quota/api/quotas",
     "/quota/api/jobs",
     "/quota/api/events",
+    "/quota/api/usage?since=0",
     "/quota/api/openapi.json",
     "/quota/ui/",
     "/quota/ui/dashboard",
@@ -219,6 +220,59 @@ def test_an_unusable_quota_file_answers_503_naming_it(server, jobs):
     assert status == 503
     assert body["detail"].startswith(f"{path}: queues[0].capacity")
     assert jobs_status == 200  # job rows are still shown
+
+
+def test_the_cli_and_the_api_charge_the_same_usage(server, jobs):
+    import time
+
+    since, until = int(time.time()) - 3600, int(time.time()) + 3600  # running jobs hold GPUs until `until`
+    status, body = server.request("GET", f"/quota/api/usage?since={since}&until={until}", user="viewer")
+    cli = server.instance.airflow("quota", "usage", "--since", str(since), "--until", str(until), "-o", "json")
+    assert status == 200, body
+    api_rows = {row["key"]: row for row in body["rows"]}
+    cli_rows = {row["quota"]: row for row in json.loads(cli.stdout)}
+    assert set(api_rows) == set(cli_rows) and any(row["used_within"] > 0 for row in cli_rows.values())
+    for quota, row in cli_rows.items():
+        assert {k: api_rows[quota][k] for k in ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost")} == {
+            k: row[k] for k in ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost")}
+        assert row["used_within"] + row["lent"] + row["idle"] == pytest.approx(row["capacity_s"])
+
+
+def test_the_usage_series_adds_up_to_the_rows_and_the_csv_is_the_clis(server, jobs):
+    import time
+
+    since, until = int(time.time()) - 2 * 3600, int(time.time()) + 3600
+    status, body = server.request("GET", f"/quota/api/usage?since={since}&until={until}&every=3600", user="viewer")
+    assert status == 200, body
+    assert len(body["series"]) == 3 + (since % 3600 > 0) and body["series"][-1]["until"] == body["until"]
+    for row in body["rows"]:
+        for kind in ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost"):
+            summed = sum(r[kind] for bucket in body["series"] for r in bucket["rows"] if r["key"] == row["key"])
+            assert summed == pytest.approx(row[kind], abs=0.01), (row["key"], kind)
+    status, text = server.request("GET", f"/quota/api/usage?since={since}&until={until}&format=csv", user="viewer")
+    cli = server.instance.airflow("quota", "usage", "--since", str(since), "--until", str(until), "-o", "csv")
+    assert status == 200 and text == cli.stdout and text.startswith("quota,capacity_s,used_within,"), text
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        pytest.param("since=0&every=420", "every", id="every not a divisor of a day"),
+        pytest.param("since=0&until=86400000&every=60", "every", id="too many buckets"),
+        pytest.param("since=yesterday", "since", id="since not a time"),
+        pytest.param("since=100&until=50", "until", id="until before since"),
+    ],
+)
+def test_bad_usage_requests_name_the_field(server, jobs, query, field):
+    status, body = server.request("GET", f"/quota/api/usage?{query}", user="viewer")
+    assert status == 400 and body["detail"].startswith(f"{field}: "), body
+
+
+def test_the_usage_cli_names_a_bad_field_without_a_traceback(server):
+    result = server.instance.airflow("quota", "usage", "--since", "yesterday", check=False)
+    assert result.returncode == 1
+    assert "Error: since: 'yesterday' is not an ISO 8601 time" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
 
 
 # ---------------------------------------------------------------------------------- hostile input

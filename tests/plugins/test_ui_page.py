@@ -1,10 +1,13 @@
 """The quota page in a real browser: Debian's headless chromium logs into the Airflow UI, opens the
-page from the navigation, and finds the quotas, their bars, a pending reason and a preemption."""
+page from the navigation, and finds the quotas, their bars, a pending reason, a preemption, the usage
+charts drawn from GET /quota/api/usage, and the chargeback CSV it downloads."""
 
 from __future__ import annotations
 
+import csv
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +20,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 from tests.quota_api_support import PASSWORDS, REASON_BLOCKED
 
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "ui-quota-page.png"
+DOCS_USAGE_SCREENSHOT = DOCS_SCREENSHOT.with_name("ui-usage-charts.png")
 UPDATE_DOCS_ENV = "QUOTA_UPDATE_DOCS_SCREENSHOT"
-"""Set to 1 to copy this run's screenshot over the README's (tracked) one; otherwise it stays in
+"""Set to 1 to copy this run's screenshots over the docs' (tracked) ones; otherwise they stay in
 the test's temporary directory and a test run leaves the working tree as it found it."""
 CHROMIUM_FLAGS = (
     "--headless",
@@ -38,6 +42,8 @@ def browser(tmp_path):
     options.binary_location = "/usr/bin/chromium"
     for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
         options.add_argument(flag)
+    options.add_experimental_option("prefs", {"download.default_directory": str(tmp_path / "downloads"),
+                                              "download.prompt_for_download": False})
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     try:
         yield driver
@@ -54,10 +60,42 @@ def _log_in(browser, server, user: str) -> None:
     wait.until(lambda d: "/auth/login" not in d.current_url)
 
 
+HOUR, DAY = 3600, 86400
+USAGE_HISTORY = (
+    # Never more than the gpu-fleet's 8 GPUs at once; team-b borrows 2 of team-a's for 3 hours.
+    {"case": "usage_team_a_history", "quota": "team-a", "gpus": 3, "held": [[5 * DAY, 4.5 * DAY], [30 * HOUR, 20 * HOUR]]},
+    {"case": "usage_team_b_history", "quota": "team-b", "gpus": 6, "held": [[3 * DAY, 2 * DAY], [12 * HOUR, 9 * HOUR]]},
+    {"case": "usage_team_lab_history", "quota": "team-lab", "gpus": 2, "held": [[8 * HOUR, 1 * HOUR]]},
+)
+
+
+def _chart_geometry(browser) -> dict[tuple[str, str], dict[str, tuple[float, float]]]:
+    """(quota, span) -> each series' drawn (width, height) in pixels, from the SVG the page drew."""
+    return {
+        (chart.get_attribute("data-usage"), chart.get_attribute("data-span")): {
+            path.get_attribute("data-kind"): tuple(browser.execute_script(
+                "const b = arguments[0].getBoundingClientRect(); return [b.width, b.height];", path))
+            for path in chart.find_elements(By.CSS_SELECTOR, "path.series")
+        }
+        for chart in browser.find_elements(By.CSS_SELECTOR, "svg.usage-chart")
+    }
+
+
+def _downloaded(directory: Path) -> Path:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done = [p for p in directory.glob("*.csv")] if directory.exists() else []
+        if done:
+            return done[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no CSV downloaded into {directory}: {list(directory.glob('*')) if directory.exists() else []}")
+
+
 def test_quota_page_in_the_airflow_ui_shows_quotas_bars_pending_reasons_and_preemptions(
     server, browser, tmp_path
 ):
     jobs = server.baseline()
+    server.seed(*USAGE_HISTORY)
     _log_in(browser, server, "viewer")
     wait = WebDriverWait(browser, 60)
 
@@ -90,12 +128,42 @@ def test_quota_page_in_the_airflow_ui_shows_quotas_bars_pending_reasons_and_pree
     assert "quota_cases.team_b_preempted_earlier (seeded)" in preemptions
     assert "quota_cases.team_a_running (seeded)" in preemptions and "reclaim" in preemptions
 
+    # Usage: one chart per quota and span, four series each; what was held has an area.
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "svg.usage-chart[data-span='week']")))
+    geometry = _chart_geometry(browser)
+    assert set(geometry) == {(q, span) for q in quotas for span in ("day", "week")}
+    assert all(set(series) == {"owned", "lent", "idle", "borrowed"} for series in geometry.values())
+    for quota, span, kind in (("team-a", "week", "owned"), ("team-a", "day", "lent"), ("team-b", "day", "borrowed"),
+                              ("team-b", "week", "borrowed"), ("team-lab", "day", "owned")):
+        width, height = geometry[quota, span][kind]
+        assert width > 0 and height > 0, (quota, span, kind, geometry[quota, span])
+    assert geometry["team-lab", "week"]["borrowed"][1] == 0  # team-lab reserves: it never borrows
+
+    # The chargeback CSV downloads the table's period with the API's figures.
+    link = browser.find_element(By.ID, "csv")
+    query = link.get_attribute("href").split("?", 1)[1]
+    link.click()
+    with _downloaded(tmp_path / "downloads").open() as f:
+        downloaded = {row["quota"]: row for row in csv.DictReader(f)}
+    status, body = server.request("GET", f"/quota/api/usage?{query.replace('&format=csv', '')}", user="viewer")
+    assert status == 200, body
+    assert set(downloaded) == {row["key"] for row in body["rows"]} == set(quotas)
+    for row in body["rows"]:
+        for kind in ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost"):
+            assert float(downloaded[row["key"]][kind]) == row[kind], (row["key"], kind)
+        shown = browser.find_element(By.CSS_SELECTOR, f"#chargeback tr[data-key='{row['key']}']").text.split()
+        assert shown[1:] == [f"{row[k] / 3600:.2f}" for k in ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost")]
+
+    usage_shot = tmp_path / "ui-usage-charts.png"
+    assert browser.find_element(By.ID, "usage").screenshot(str(usage_shot))
+
     browser.switch_to.default_content()
     shot = tmp_path / "ui-quota-page.png"
     assert browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000
     if os.environ.get(UPDATE_DOCS_ENV) == "1":
         shutil.copyfile(shot, DOCS_SCREENSHOT)
+        shutil.copyfile(usage_shot, DOCS_USAGE_SCREENSHOT)
 
 
 def test_quota_page_refreshes_itself(server, browser):

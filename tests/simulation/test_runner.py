@@ -31,6 +31,8 @@ def test_borrow_then_reclaim_exact_figures():
         "in_quota_wait_p95_s": 30.0, "borrowed_gpu_hours": 0.0, "preemptions": 0, "lost_gpu_hours": 0.0,
         "reclaim_latency_p95_s": 30.0, "makespan_s": 380.0,
         "completed": 1, "rejected": 0, "failed": 0, "in_quota_jobs": 1, "reclaim_jobs": 1, "capacity": 4,
+        # a's 4 GPUs over 1180 s: 400 used by a1, the rest held by b's borrowing b1 (lent).
+        "used_within_gpu_hours": round(400 / H, 6), "lent_gpu_hours": round(4320 / H, 6), "idle_gpu_hours": 0.0,
     }
     assert b == {
         "jobs": 1, "gpu_hours": round(8000 / H, 6), "utilisation": round(4320 / (4 * 1180), 6),
@@ -38,6 +40,7 @@ def test_borrow_then_reclaim_exact_figures():
         "in_quota_wait_p95_s": None, "borrowed_gpu_hours": 1.2, "preemptions": 1,
         "lost_gpu_hours": round(640 / H, 6), "reclaim_latency_p95_s": None, "makespan_s": 1180.0,
         "completed": 1, "rejected": 0, "failed": 0, "in_quota_jobs": 0, "reclaim_jobs": 0, "capacity": 4,
+        "used_within_gpu_hours": round(4320 / H, 6), "lent_gpu_hours": 0.0, "idle_gpu_hours": round(400 / H, 6),
     }
     assert overall == {
         "jobs": 2, "gpu_hours": round(8400 / H, 6), "utilisation": round(9040 / (8 * 1180), 6),

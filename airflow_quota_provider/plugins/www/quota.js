@@ -162,6 +162,92 @@ async function refresh() {
   }
 }
 
+// Usage: each quota's average GPUs per bucket, stacked (owned, lent, idle up to its capacity;
+// borrowed above it), over the last day and week. Drawn as SVG by this script; refreshed each minute.
+const SVG = "http://www.w3.org/2000/svg";
+const USAGE_REFRESH_S = 60;
+const SPANS = [
+  { name: "day", label: "last 24 hours", seconds: 86400, every: 3600 },
+  { name: "week", label: "last 7 days", seconds: 7 * 86400, every: 6 * 3600 },
+];
+const STACK = [["owned", "used_within"], ["lent", "lent"], ["idle", "idle"], ["borrowed", "borrowed"]];
+const W = 400, H = 90, TOP = 12, BOTTOM = 12;
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  node.append(...children);
+  return node;
+}
+
+function hours(seconds) {
+  return (seconds / 3600).toFixed(2);
+}
+
+async function getUsage(query) {
+  const response = await fetch(`../api/usage?${query}`, { credentials: "same-origin", headers: { Accept: "application/json" } });
+  if (!response.ok) throw new Error(`usage ${response.status}: ${(await response.json().catch(() => ({}))).detail ?? response.statusText}`);
+  return response.json();
+}
+
+// One quota's stacked step areas: per bucket, the average GPUs of each kind (seconds / bucket length).
+function chart(quota, span, data) {
+  const t0 = Date.parse(data.since), t1 = Date.parse(data.until);
+  const buckets = data.series.map((b) => {
+    const row = b.rows.find((r) => r.key === quota);
+    const s = Date.parse(b.since), e = Date.parse(b.until), len = (e - s) / 1000;
+    return { x0: ((s - t0) / (t1 - t0)) * W, x1: ((e - t0) / (t1 - t0)) * W, capacity: row.capacity_s / len,
+             gpus: Object.fromEntries(STACK.map(([kind, field]) => [kind, row[field] / len])) };
+  });
+  const capacity = buckets.length ? buckets[0].capacity : 0;
+  const top = Math.max(1, ...buckets.map((b) => b.capacity + b.gpus.borrowed));
+  const y = (gpus) => TOP + (H - TOP - BOTTOM) * (1 - gpus / top);
+  const node = svg("svg", { class: "usage-chart", viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none",
+                            role: "img", "data-usage": quota, "data-span": span.name, "aria-label": `${quota}, ${span.label}` });
+  let base = buckets.map(() => 0);
+  for (const [kind, field] of STACK) {
+    const tops = buckets.map((b, i) => base[i] + b.gpus[kind]);
+    const upper = buckets.flatMap((b, i) => [`${b.x0},${y(tops[i])}`, `${b.x1},${y(tops[i])}`]);
+    const lower = buckets.flatMap((b, i) => [`${b.x0},${y(base[i])}`, `${b.x1},${y(base[i])}`]).reverse();
+    const total = data.series.reduce((sum, b) => sum + b.rows.find((r) => r.key === quota)[field], 0);
+    node.append(svg("path", { class: `series ${kind}`, "data-kind": kind, d: buckets.length ? `M${upper.join("L")}L${lower.join("L")}Z` : "" },
+                    svg("title", {}, `${kind}: ${hours(total)} GPU-hours`)));
+    base = tops;
+  }
+  node.append(svg("line", { class: "capline", x1: 0, x2: W, y1: y(capacity), y2: y(capacity) }));
+  node.append(svg("text", { x: 2, y: 10 }, `${top.toFixed(1)} GPUs`), svg("text", { x: W - 2, y: H - 2, "text-anchor": "end" }, "now"),
+              svg("text", { x: 2, y: H - 2 }, `-${span.name === "day" ? "24 h" : "7 d"}`));
+  return el("figure", {}, node, el("figcaption", {}, span.label));
+}
+
+function drawChargeback(week) {
+  const body = document.querySelector("#chargeback tbody");
+  body.replaceChildren();
+  for (const r of week.rows) {
+    body.append(el("tr", { "data-key": r.key }, el("td", {}, r.key),
+                    ...[r.capacity_s, r.used_within, r.borrowed, r.lent, r.idle, r.lost].map((v) => el("td", { class: "num" }, hours(v)))));
+  }
+}
+
+async function refreshUsage() {
+  const error = document.getElementById("error");
+  const until = Math.floor(Date.now() / 1000);
+  try {
+    const data = await Promise.all(SPANS.map((s) => getUsage(`since=${until - s.seconds}&until=${until}&every=${s.every}`)));
+    const root = document.getElementById("charts");
+    root.replaceChildren();
+    for (const row of data[0].rows) {
+      root.append(el("div", { class: "name" }, row.key), ...SPANS.map((s, i) => chart(row.key, s, data[i])));
+    }
+    drawChargeback(data[1]);
+    // The CSV names the same bounds as the table, so its figures are the table's (in GPU-seconds).
+    document.getElementById("csv").href = `../api/usage?since=${until - SPANS[1].seconds}&until=${until}&format=csv`;
+  } catch (e) {
+    error.textContent = `Could not load usage: ${e.message}`;
+    error.hidden = false;
+  }
+}
+
 function schedule() {
   clearInterval(timer);
   timer = document.getElementById("auto").checked ? setInterval(refresh, REFRESH_S * 1000) : null;
@@ -171,3 +257,5 @@ document.getElementById("every").textContent = REFRESH_S;
 document.getElementById("auto").addEventListener("change", schedule);
 refresh();
 schedule();
+refreshUsage();
+setInterval(() => document.getElementById("auto").checked && refreshUsage(), USAGE_REFRESH_S * 1000);

@@ -1,0 +1,129 @@
+"""The daily usage roll-up: the accounting of days whose audit events ``airflow quota db-clean`` deleted.
+
+Rows are what :func:`airflow_quota_provider.policy.accounting.account` computed for one UTC day, so a
+report over rolled-up days reads these instead of the events, and totals survive pruning.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Float, String, delete, func, or_, select
+from sqlalchemy.orm import Mapped, mapped_column
+
+from airflow_quota_provider.models.base import QuotaBase
+from airflow_quota_provider.models.job import JobState, QuotaEvent, QuotaJob
+from airflow_quota_provider.policy.accounting import DAY_S, EVENT_KINDS, Account, Event, Figures, PoolFigures
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+QUOTA, DAG, POOL = "quota", "dag", "pool"
+"""``quota_usage_daily.scope``: a quota's figures, one DAG's share of a quota's, a job queue's pool."""
+
+
+class QuotaUsageDaily(QuotaBase):
+    """One UTC day's GPU-seconds of a quota, of a DAG on a quota, or of a job queue's pool."""
+
+    __tablename__ = "quota_usage_daily"
+
+    day: Mapped[float] = mapped_column(Float, primary_key=True)
+    """The day's start, POSIX seconds (a UTC midnight)."""
+    scope: Mapped[str] = mapped_column(String(8), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(128), primary_key=True)
+    quota: Mapped[str] = mapped_column(String(128), primary_key=True)
+    """Empty for a pool row."""
+    dag_id: Mapped[str] = mapped_column(String(250), primary_key=True)
+    """Empty for quota and pool rows; ``-`` for holds without a DAG."""
+    capacity_s: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    used_within: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    borrowed: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    lent: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    idle: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    lost: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    drawn: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    """Pool rows: what borrowers held of the pool."""
+
+
+_KINDS = ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost")
+
+
+def accounting_events(since: float, until: float, *, session: Session) -> list[Event]:
+    """The audit events that describe holds overlapping [since, until), oldest first: the window's,
+    and the earlier ones of jobs with an event since ``since`` (a hold open across ``since``)."""
+    kinds = list(EVENT_KINDS)
+    recent = select(QuotaEvent.job_id).where(QuotaEvent.at >= since, QuotaEvent.kind.in_(kinds)).distinct()
+    rows = session.connection().execute(
+        select(QuotaEvent.at, QuotaEvent.kind, QuotaEvent.job_id, QuotaEvent.quota, QuotaEvent.dag_id, QuotaEvent.devices)
+        .where(
+            QuotaEvent.kind.in_(kinds),
+            QuotaEvent.at < until,
+            or_(QuotaEvent.at >= since, QuotaEvent.job_id.in_(recent), QuotaEvent.job_id.in_(
+                select(QuotaJob.id).where(QuotaJob.state.in_([s.value for s in JobState.holding()]))
+            )),
+        )
+        .order_by(QuotaEvent.id)
+    )
+    return [Event(at, kind, None if job is None else str(job), quota, dag, devices)
+            for at, kind, job, quota, dag, devices in rows]
+
+
+def first_event_at(*, session: Session) -> float | None:
+    return session.scalar(select(func.min(QuotaEvent.at)).where(QuotaEvent.kind.in_(list(EVENT_KINDS))))
+
+
+def rolled_until(*, session: Session) -> float | None:
+    """The end of the last rolled-up day (days before it are read from the roll-up), or None."""
+    last = session.scalar(select(func.max(QuotaUsageDaily.day)))
+    return None if last is None else last + DAY_S
+
+
+def store_rollup(account: Account, queue_of: dict[str, str], *, session: Session) -> None:
+    """Write an account of whole UTC days as roll-up rows."""
+    for (day, quota), f in account.quotas.items():
+        session.add(QuotaUsageDaily(day=day, scope=QUOTA, queue=queue_of[quota], quota=quota, dag_id="",
+                                    **{k: getattr(f, k) for k in _KINDS}))
+    for (day, quota, dag_id), f in account.dags.items():
+        session.add(QuotaUsageDaily(day=day, scope=DAG, queue=queue_of[quota], quota=quota, dag_id=dag_id or "-",
+                                    **{k: getattr(f, k) for k in _KINDS}))
+    for (day, queue), f in account.pools.items():
+        session.add(QuotaUsageDaily(day=day, scope=POOL, queue=queue, quota="", dag_id="",
+                                    capacity_s=f.capacity_s, drawn=f.drawn))
+    session.flush()
+
+
+def read_rollup(since: float, until: float, *, session: Session) -> Account:
+    """The rolled-up days in [since, until) as an account (one period per day)."""
+    rows = session.scalars(
+        select(QuotaUsageDaily).where(QuotaUsageDaily.day >= since, QuotaUsageDaily.day < until)
+        .order_by(QuotaUsageDaily.day)
+    ).all()
+    result = Account(sorted({(r.day, r.day + DAY_S) for r in rows}), {}, {}, {})
+    for r in rows:
+        figures = Figures(**{k: getattr(r, k) for k in _KINDS})
+        if r.scope == QUOTA:
+            result.quotas[(r.day, r.quota)] = figures
+        elif r.scope == DAG:
+            result.dags[(r.day, r.quota, None if r.dag_id == "-" else r.dag_id)] = figures
+        else:
+            result.pools[(r.day, r.queue)] = PoolFigures(r.capacity_s, r.drawn)
+    return result
+
+
+def delete_before(horizon: float, *, session: Session) -> tuple[int, int]:
+    """Delete the jobs that ended before ``horizon`` and every event before it that no active or
+    later job needs; returns (jobs, events) deleted."""
+    ended = select(QuotaJob.id).where(
+        QuotaJob.state.in_([JobState.FINISHED.value, JobState.FAILED.value]), QuotaJob.finished_at < horizon
+    )
+    kept = select(QuotaJob.id).where(QuotaJob.id.not_in(ended))
+    events = session.execute(
+        delete(QuotaEvent).where(
+            QuotaEvent.at < horizon,
+            or_(QuotaEvent.job_id.is_(None), QuotaEvent.job_id.not_in(kept)),
+        ).execution_options(synchronize_session=False)
+    ).rowcount
+    jobs = session.execute(
+        delete(QuotaJob).where(QuotaJob.id.in_(ended)).execution_options(synchronize_session=False)
+    ).rowcount
+    return jobs, events

@@ -1,0 +1,430 @@
+"""Usage accounting: who used, borrowed, lent, left idle and lost how many GPU-seconds.
+
+The one home of these definitions: the live accounting (the audit log, ``airflow quota usage``,
+``GET /quota/api/usage``, the daily roll-up) and the simulator's report both call this module.
+
+At one moment, for a quota of capacity ``C`` whose jobs hold ``u`` GPUs:
+
+- ``used_within`` = ``min(u, C)``: GPUs it uses of its own capacity;
+- ``borrowed`` = ``u - C`` when positive: GPUs it holds above its capacity;
+- ``lent``: GPUs of its idle capacity that borrowers hold. Borrowers draw on the common pool first,
+  then on the lenders in proportion to what each lends (``lendable``), exactly (fractions of a GPU
+  over time: the status page rounds the same split to whole GPUs, :meth:`~.capacity.Usage.lent`).
+  With cohorts, level by level as :meth:`~.capacity.TreeUsage.lent` splits whole GPUs;
+- ``idle`` = ``C - used_within - lent``.
+
+Over a period each figure is integrated over time, in GPU-seconds, so per quota and period
+``used_within + lent + idle = C x T``. Per job queue, what borrowers hold that no quota lent was
+*drawn from the pool* (the GPUs no quota owns: the common pool and cohorts' own capacity), so
+``sum(borrowed) = sum(lent) + pool_drawn``.
+
+``lost`` is work lost to preemption: for a hold that ended by preemption, its GPUs times the time
+from its last checkpoint (its start when it had none) to the moment its GPUs were freed (the grace
+period counts; the simulator's ``lost_gpu_hours`` since its first version).
+
+Per DAG (and per DAG owner) a quota's ``used_within`` and ``borrowed`` at each moment are shared by
+its running jobs in proportion to their GPUs: a quota above its capacity borrows on behalf of all
+its jobs alike, whichever started first. ``lent`` and ``idle`` belong to quotas, not to DAGs.
+
+Periods are cut at their boundaries: a hold across midnight counts in both days.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+from airflow_quota_provider.policy.capacity import lendable, usage_for
+from airflow_quota_provider.policy.config import Queue
+from airflow_quota_provider.policy.state import State
+
+KINDS = ("used_within", "borrowed", "lent", "idle", "lost")
+"""The kinds of GPU-seconds a quota is charged with, in report order."""
+
+DAY_S = 86400.0
+
+
+def within(capacity: int, used: int) -> int:
+    """GPUs a quota holding ``used`` uses of its own ``capacity``."""
+    return used if used < capacity else capacity
+
+
+def lost_span(start: float, end: float, last_checkpoint_at: float | None) -> tuple[float, float]:
+    """The stretch of a preempted hold whose work is lost: from its last checkpoint (or start) to its end."""
+    since = start if last_checkpoint_at is None or last_checkpoint_at < start else last_checkpoint_at
+    return (since if since < end else end, end)
+
+
+class Hold(NamedTuple):
+    """One attempt of a job holding GPUs, from ``start`` until ``end`` (None: still holding)."""
+
+    job: str
+    quota: str
+    gpus: int
+    start: float
+    end: float | None = None
+    dag_id: str | None = None
+    preempted: bool = False
+    """It ended by preemption: its work since ``last_checkpoint_at`` is lost."""
+    last_checkpoint_at: float | None = None
+
+
+@dataclass(slots=True)
+class Figures:
+    """GPU-seconds of one quota (or one DAG on one quota) in one period; ``capacity_s`` = C x T."""
+
+    capacity_s: float = 0.0
+    used_within: float = 0.0
+    borrowed: float = 0.0
+    lent: float = 0.0
+    idle: float = 0.0
+    lost: float = 0.0
+
+    def add(self, other: Figures) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class PoolFigures:
+    """GPU-seconds of one job queue's pool (GPUs no quota owns) in one period."""
+
+    capacity_s: float = 0.0
+    drawn: float = 0.0
+    """What borrowers held of it: the part of their ``borrowed`` no quota lent."""
+
+
+@dataclass
+class Account:
+    """The figures of a period list, each keyed by its period's start."""
+
+    periods: list[tuple[float, float]]
+    quotas: dict[tuple[float, str], Figures]
+    """(period start, quota) -> its figures."""
+    dags: dict[tuple[float, str, str | None], Figures]
+    """(period start, quota, dag_id) -> the DAG's share of the quota's used_within, borrowed, lost."""
+    pools: dict[tuple[float, str], PoolFigures]
+    """(period start, job queue) -> its pool's figures."""
+
+
+class Event(NamedTuple):
+    """What accounting reads of one audit event (``quota_event``), oldest first."""
+
+    at: float
+    kind: str
+    job: str | None
+    quota: str | None
+    dag_id: str | None = None
+    devices: str | None = None
+
+
+EVENT_KINDS = ("admitted", "preempted", "released", "stopped", "finished", "evicted")
+"""The audit event kinds accounting reads (``EventKind`` values)."""
+
+
+def holds_from_events(events: Iterable[Event]) -> list[Hold]:
+    """The holds the audit log describes: ``admitted`` opens one (its ``devices`` say how many GPUs),
+    ``released`` closes it. A hold with a ``preempted`` event ended by preemption unless its process
+    then ``finished`` on its own (it ended within its grace period) or its host was lost
+    (``evicted``: not a preemption); after ``released`` the job's next ``stopped`` confirms it, and a
+    job failed past its preemption limit writes nothing more, so no word also confirms it."""
+    holds: list[Hold] = []
+    open_: dict[str, list] = {}  # job -> [start, quota, gpus, dag_id, preempted]
+    settling: dict[str, Hold] = {}  # job -> a preempted hold released, waiting for its outcome
+    append = holds.append
+    for at, kind, job, quota, dag_id, devices in events:
+        if job is None:
+            continue
+        if kind == "admitted":
+            if job in settling:
+                append(settling.pop(job))
+            open_[job] = [at, quota, devices.count(",") + 1 if devices else 0, dag_id, False]
+        elif kind == "released":
+            hold = open_.pop(job, None)
+            if hold is None:
+                continue
+            start, quota_, gpus, dag, preempted = hold
+            if preempted:
+                settling[job] = Hold(job, quota_, gpus, start, at, dag, True)
+            else:
+                append(Hold(job, quota_, gpus, start, at, dag))
+        elif kind == "preempted":
+            if job in open_:
+                open_[job][4] = True
+        elif job in settling:  # stopped, finished, evicted
+            hold = settling.pop(job)
+            append(hold if kind == "stopped" else hold._replace(preempted=False))
+    holds.extend(settling.values())
+    holds.extend(Hold(job, q, gpus, start, None, dag) for job, (start, q, gpus, dag, _) in open_.items())
+    return holds
+
+
+def period_cuts(since: float, until: float, every_s: float | None = None) -> list[tuple[float, float]]:
+    """[since, until) as one period, or cut at the multiples of ``every_s`` (UTC days: ``DAY_S``)."""
+    if not until > since:
+        raise ValueError(f"until: {until!r} is not after since {since!r}")
+    if not every_s:
+        return [(since, until)]
+    cuts = [since]
+    edge = (since // every_s + 1) * every_s
+    while edge < until:
+        cuts.append(edge)
+        edge += every_s
+    cuts.append(until)
+    return list(zip(cuts, cuts[1:]))
+
+
+def account(queues: Sequence[Queue], holds: Iterable[Hold], periods: Sequence[tuple[float, float]]) -> Account:
+    """Every quota's, DAG's and pool's figures over ``periods`` (contiguous, in order) from ``holds``.
+
+    Holds of quotas the queues do not have are left out (a quota removed from the quota file). The
+    cost is one pass over the holds' starts and ends in time order, plus one apportioning of lent
+    GPUs per distinct usage at which some quota borrows.
+    """
+    result = Account(list(periods), {}, {}, {})
+    by_queue: dict[str, list[Hold]] = {queue.name: [] for queue in queues}
+    queue_of = {q.name: queue.name for queue in queues for q in queue.quotas}
+    for hold in holds:
+        name = queue_of.get(hold.quota)
+        if name is not None:
+            by_queue[name].append(hold)
+    for queue in queues:
+        _account_queue(queue, by_queue[queue.name], result)
+    return result
+
+
+def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
+    periods = result.periods
+    since, until = periods[0][0], periods[-1][1]
+    starts = [start for start, _ in periods]
+    names = [q.name for q in queue.quotas]
+    index = {name: i for i, name in enumerate(names)}
+    capacity = [q.capacity for q in queue.quotas]
+    n = len(names)
+
+    # Points in time order: (time, order, quota index, hold index); ends before starts at one
+    # moment (order 0), so a hold released as another is admitted never counts both. Period cuts
+    # come first of all (quota index -1).
+    points: list[tuple[float, int, int, int]] = [(start, -1, -1, -1) for start in starts[1:]]
+    for h, hold in enumerate(holds):
+        start = hold.start if hold.start > since else since
+        end = until if hold.end is None or hold.end > until else hold.end
+        if start < end and hold.gpus > 0:
+            q = index[hold.quota]
+            points.append((start, 1, q, h))
+            points.append((end, 0, q, h))
+    points.sort()
+    gpus_of = [hold.gpus for hold in holds]
+    dag_of = [hold.dag_id for hold in holds]
+
+    used = [0] * n
+    last = [since] * n  # when each quota's lazily integrated figures were last brought up to date
+    within_s = [0.0] * n
+    borrowed_s = [0.0] * n
+    clock = [0.0] * n  # per quota: the integral of within/used, each running GPU's share of used_within
+    opened: dict[int, tuple[float, float]] = {}  # hold -> (time, clock) where its current piece began
+    dags: dict[str | None, list[float]] = {}  # the period's (quota, dag) -> [within, borrowed]
+    borrowing: dict[tuple[int, ...], float] = {}  # the period's usage vectors with a borrower -> seconds
+    lent_at: dict[tuple[int, ...], list[int]] = {}  # usage vector -> each quota's lent GPUs, once each
+    borrowed_total = 0
+    moment = since
+    period = 0
+    # Flat queues: lent GPU-seconds through a clock, O(1) per point. ``ratio`` is the share of every
+    # lendable GPU that borrowers hold beyond the common pool; each quota's lent figure grows with
+    # its own offer times the clock since its offer last changed.
+    flat = not queue.cohorts
+    quotas = queue.quotas
+    common = queue.capacity - sum(capacity)
+    offer = [lendable(quota, 0) for quota in quotas]
+    supply = sum(offer)
+    lent_clock = 0.0
+    lent_last = [0.0] * n
+    lent_s = [0.0] * n
+    ratio = 0.0
+
+    def settle_lent(q: int) -> None:
+        lent_s[q] += offer[q] * (lent_clock - lent_last[q])
+        lent_last[q] = lent_clock
+
+    def advance(q: int, t: float) -> None:
+        span = t - last[q]
+        if span > 0:
+            u = used[q]
+            if u:
+                c = capacity[q]
+                if u > c:
+                    within_s[q] += span * c
+                    borrowed_s[q] += span * (u - c)
+                    clock[q] += span * c / u
+                else:
+                    within_s[q] += span * u
+                    clock[q] += span
+            last[q] = t
+
+    def close_piece(h: int, q: int, t: float) -> None:
+        """Charge hold ``h``'s DAG its share of quota ``q``'s figures (brought up to ``t``) since its piece began."""
+        began, clock_then = opened.pop(h)
+        gpus = gpus_of[h]
+        share_within = gpus * (clock[q] - clock_then)
+        share = dags.get((q, dag_of[h]))
+        if share is None:
+            share = dags[q, dag_of[h]] = [0.0, 0.0]
+        share[0] += share_within
+        share[1] += gpus * (t - began) - share_within
+
+    def flush_period(t: float) -> None:
+        nonlocal borrowing, dags
+        for q in range(n):
+            advance(q, t)
+            settle_lent(q)
+        for h in list(opened):
+            q = index[holds[h].quota]
+            close_piece(h, q, t)
+            opened[h] = (t, clock[q])
+        lent = list(lent_s) if flat else _lent_of_states(queue, borrowing, lent_at)
+        _settle_period(queue, periods[period], capacity, within_s, borrowed_s, lent, dags, result)
+        for q in range(n):
+            within_s[q] = borrowed_s[q] = lent_s[q] = 0.0
+        borrowing, dags = {}, {}
+
+    for t, order, q, h in points:
+        if t > moment:
+            if ratio:
+                lent_clock += (t - moment) * ratio
+            elif borrowed_total and not flat:
+                key = tuple(used)
+                borrowing[key] = borrowing.get(key, 0.0) + (t - moment)
+            moment = t
+        if q < 0:
+            flush_period(t)
+            period += 1
+            continue
+        advance(q, t)
+        c = capacity[q]
+        old = used[q]
+        if order:
+            new = old + gpus_of[h]
+            opened[h] = (t, clock[q])
+        else:
+            close_piece(h, q, t)
+            new = old - gpus_of[h]
+        used[q] = new
+        borrowed_total += (new - c if new > c else 0) - (old - c if old > c else 0)
+        if flat:
+            settle_lent(q)
+            now_offer = lendable(quotas[q], new)
+            supply += now_offer - offer[q]
+            offer[q] = now_offer
+            drawn = borrowed_total - common
+            ratio = (drawn / supply if drawn < supply else 1.0) if drawn > 0 and supply > 0 else 0.0
+    if until > moment:
+        if ratio:
+            lent_clock += (until - moment) * ratio
+        elif borrowed_total and not flat:
+            key = tuple(used)
+            borrowing[key] = borrowing.get(key, 0.0) + (until - moment)
+    flush_period(until)
+    _add_lost(queue, holds, starts, until, result)
+
+
+def _settle_period(
+    queue: Queue,
+    period: tuple[float, float],
+    capacity: list[int],
+    within_s: list[float],
+    borrowed_s: list[float],
+    lent_s: list[float],
+    dags: dict,
+    result: Account,
+) -> None:
+    start, end = period
+    span = end - start
+    for i, quota in enumerate(queue.quotas):
+        cap_s = capacity[i] * span
+        result.quotas[(start, quota.name)] = Figures(
+            capacity_s=cap_s,
+            used_within=within_s[i],
+            borrowed=borrowed_s[i],
+            lent=lent_s[i],
+            idle=cap_s - within_s[i] - lent_s[i],
+        )
+    names = [quota.name for quota in queue.quotas]
+    for (q, dag_id), (w, b) in dags.items():
+        result.dags[(start, names[q], dag_id)] = Figures(0.0, w, b)
+    pool = queue.capacity - sum(capacity)
+    result.pools[(start, queue.name)] = PoolFigures(capacity_s=pool * span, drawn=sum(borrowed_s) - sum(lent_s))
+
+
+def _lent_of_states(
+    queue: Queue, borrowing: dict[tuple[int, ...], float], lent_at: dict[tuple[int, ...], list[int]]
+) -> list[float]:
+    """Each quota's lent GPU-seconds over the usage vectors a period spent seconds at (cohorts)."""
+    lent_s = [0.0] * len(queue.quotas)
+    for used, seconds in borrowing.items():
+        lent = lent_at.get(used)
+        if lent is None:
+            lent = lent_at[used] = _lent(queue, used)
+        for i, gpus in enumerate(lent):
+            lent_s[i] += gpus * seconds
+    return lent_s
+
+
+def _lent(queue: Queue, used: tuple[int, ...]) -> list[int]:
+    """Each quota's lent GPUs while the quotas hold ``used``: the policy's own split."""
+    usage = usage_for(State.for_queue(queue, (), ()))
+    for quota, gpus in zip(queue.quotas, used):
+        usage.add(quota.name, gpus)
+    lent = usage.lent()
+    return [lent[quota.name] for quota in queue.quotas]
+
+
+def _add_lost(queue: Queue, holds: list[Hold], starts: list[float], until: float, result: Account) -> None:
+    """Each preempted hold's lost stretch, cut at the period boundaries, charged to its quota and DAG."""
+    since = starts[0]
+    for hold in holds:
+        if not hold.preempted or hold.end is None:
+            continue
+        begin, end = lost_span(hold.start, hold.end, hold.last_checkpoint_at)
+        begin, end = max(begin, since), min(end, until)
+        while begin < end:
+            p = bisect.bisect_right(starts, begin) - 1
+            piece_end = min(end, starts[p + 1]) if p + 1 < len(starts) else end
+            seconds = hold.gpus * (piece_end - begin)
+            result.quotas[(starts[p], hold.quota)].lost += seconds
+            result.dags.setdefault((starts[p], hold.quota, hold.dag_id), Figures()).lost += seconds
+            begin = piece_end
+
+
+def lost_by_end(holds: Iterable[Hold], since: float, until: float) -> dict[str, float]:
+    """Per quota, the whole lost stretch of each preempted hold whose GPUs were freed in
+    [since, until): a counter can only count a loss once the preemption is known, so the metrics
+    charge it when the GPUs are freed rather than cut at period boundaries as :func:`account` does."""
+    out: dict[str, float] = {}
+    for hold in holds:
+        if hold.preempted and hold.end is not None and since <= hold.end < until:
+            begin, end = lost_span(hold.start, hold.end, hold.last_checkpoint_at)
+            out[hold.quota] = out.get(hold.quota, 0.0) + hold.gpus * (end - begin)
+    return out
+
+
+def totals(account_: Account, by: str = "quota", owners: Mapping[str, str] | None = None) -> dict[str, Figures]:
+    """The account summed over its periods, per ``quota``, ``dag`` or ``owner`` (``owners``: DAG id ->
+    owner; a DAG without one is charged to ``"unknown"``). Only quotas carry lent, idle and capacity."""
+    out: dict[str, Figures] = {}
+    if by == "quota":
+        for (_, quota), figures in account_.quotas.items():
+            out.setdefault(quota, Figures()).add(figures)
+        return out
+    if by not in ("dag", "owner"):
+        raise ValueError(f"by: {by!r} is not one of quota, dag, owner")
+    for (_, _, dag_id), figures in account_.dags.items():
+        key = dag_id or "unknown"
+        if by == "owner":
+            key = (owners or {}).get(dag_id or "", "unknown")
+        out.setdefault(key, Figures()).add(figures)
+    return out

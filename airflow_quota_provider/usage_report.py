@@ -1,0 +1,202 @@
+"""Chargeback: GPU-seconds per quota, DAG or DAG owner over a period, for the CLI, REST API and UI.
+
+The imperative shell around :mod:`airflow_quota_provider.policy.accounting`: it reads the audit log
+(and, for days ``db-clean`` pruned, the daily roll-up) and Airflow's DAG owners; the figures
+themselves are the core's. ``airflow quota usage`` and ``GET /quota/api/usage`` both call
+:func:`usage_report`, so they show the same numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from airflow_quota_provider.models import usage as ledger
+from airflow_quota_provider.policy.accounting import (
+    DAY_S,
+    KINDS,
+    Account,
+    account,
+    holds_from_events,
+    period_cuts,
+    totals,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from airflow_quota_provider.policy import QuotaFile
+
+BY = ("quota", "dag", "owner")
+MAX_BUCKETS = 1440
+"""The most buckets one series request may ask for (a day in one-minute buckets)."""
+
+
+class UsageRequestError(ValueError):
+    """A bad request; the message names the field (``since``, ``until``, ``by``)."""
+
+
+def parse_time(value: str, field: str) -> float:
+    """An ISO 8601 time (UTC when it names no zone) or POSIX seconds, as POSIX seconds."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise UsageRequestError(f"{field}: {value!r} is not an ISO 8601 time (2026-01-31T00:00:00Z) or POSIX seconds") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+def iso(at: float) -> str:
+    return datetime.fromtimestamp(at, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def account_period(
+    quota_file: QuotaFile, since: float, until: float, *, every_s: float = DAY_S, session: Session
+) -> Account:
+    """The account of [since, until) cut at the multiples of ``every_s`` (a divisor of a day, so UTC
+    midnights are always cuts): rolled-up days from the roll-up (whole days), the rest from the audit
+    log. A bound inside a rolled-up day is refused (its events are gone)."""
+    if not until > since:
+        raise UsageRequestError(f"until: {iso(until)} is not after since {iso(since)}")
+    rolled = ledger.rolled_until(session=session) or float("-inf")
+    for name, at in (("since", since), ("until", until)):
+        if at < rolled and at % DAY_S:
+            raise UsageRequestError(
+                f"{name}: {iso(at)} falls in a day already rolled up (before {iso(rolled)}); use a UTC midnight"
+            )
+    merged = Account([], {}, {}, {})
+    parts = []
+    if since < rolled:
+        parts.append(ledger.read_rollup(since, min(until, rolled), session=session))
+    if until > rolled:
+        start = max(since, rolled)
+        holds = holds_from_events(ledger.accounting_events(start, until, session=session))
+        parts.append(account(quota_file.queues, holds, period_cuts(start, until, every_s)))
+    for part in parts:
+        merged.periods += part.periods
+        merged.quotas.update(part.quotas)
+        merged.dags.update(part.dags)
+        merged.pools.update(part.pools)
+    return merged
+
+
+def dag_owners(*, session: Session) -> dict[str, str]:
+    """DAG id -> its owners as Airflow's DAG table lists them (empty where there is no such table)."""
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        from airflow.models.dag import DagModel
+
+        return {dag_id: owners or "unknown" for dag_id, owners in session.execute(select(DagModel.dag_id, DagModel.owners))}
+    except (ImportError, SQLAlchemyError):
+        return {}
+
+
+def usage_report(
+    quota_file: QuotaFile,
+    since: float,
+    until: float,
+    *,
+    by: str = "quota",
+    session: Session,
+    owners: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per quota, DAG or owner: GPU-seconds of each kind over [since, until).
+
+    Quota rows carry ``capacity_s``, ``lent`` and ``idle`` (used_within + lent + idle = capacity_s);
+    DAG and owner rows only what their jobs held (``used_within``, ``borrowed``, ``lost``).
+    """
+    if by not in BY:
+        raise UsageRequestError(f"by: {by!r} is not one of {', '.join(BY)}")
+    result = account_period(quota_file, since, until, session=session)
+    if by == "owner" and owners is None:
+        owners = dag_owners(session=session)
+    return _rows(result, by, owners, since, until)
+
+
+def usage_series(
+    quota_file: QuotaFile, since: float, until: float, every_s: float, *, session: Session
+) -> list[dict[str, Any]]:
+    """[since, until) in buckets cut at the multiples of ``every_s`` (a divisor of a day; a rolled-up
+    day is one bucket): per bucket ``since``, ``until`` and :func:`usage_report`'s quota rows. The
+    buckets' rows add up to the report's over the same span (one account, cut finer)."""
+    if not (every_s >= 60 and DAY_S % every_s == 0):
+        raise UsageRequestError(f"every: {every_s:g} is not a whole divisor of a day (86400) of at least 60 seconds")
+    if (until - since) / every_s > MAX_BUCKETS:
+        raise UsageRequestError(f"every: {every_s:g} s cuts the period into more than {MAX_BUCKETS} buckets")
+    result = account_period(quota_file, since, until, every_s=every_s, session=session)
+    series = []
+    for start, end in result.periods:
+        bucket = Account([(start, end)], {k: f for k, f in result.quotas.items() if k[0] == start}, {}, {})
+        series.append({"since": iso(start), "until": iso(end), "rows": _rows(bucket, "quota", None, start, end)})
+    return series
+
+
+def _rows(result: Account, by: str, owners: dict[str, str] | None, since: float, until: float) -> list[dict[str, Any]]:
+    rows = []
+    for key, figures in sorted(totals(result, by=by, owners=owners).items()):
+        row: dict[str, Any] = {by: key, "since": iso(since), "until": iso(until)}
+        if by == "quota":
+            row["capacity_s"] = round(figures.capacity_s, 3)
+        for kind in KINDS:
+            if by == "quota" or kind not in ("lent", "idle"):
+                row[kind] = round(getattr(figures, kind), 3)
+        rows.append(row)
+    return rows
+
+
+def columns(by: str) -> list[str]:
+    """The columns of :func:`usage_report`'s rows, in table and CSV order."""
+    return [by, *(["capacity_s", *KINDS] if by == "quota" else [k for k in KINDS if k not in ("lent", "idle")])]
+
+
+def usage_csv(rows: list[dict[str, Any]], by: str) -> str:
+    """The rows as CSV (``airflow quota usage -o csv``, ``GET /quota/api/usage?format=csv``)."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=[*columns(by), "since", "until"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def pool_report(quota_file: QuotaFile, since: float, until: float, *, session: Session) -> list[dict[str, Any]]:
+    """Per job queue: its pool's GPU-seconds, and what borrowers drew from it."""
+    result = account_period(quota_file, since, until, session=session)
+    out: dict[str, dict[str, float]] = {}
+    for (_, queue), f in result.pools.items():
+        row = out.setdefault(queue, {"queue": queue, "capacity_s": 0.0, "drawn": 0.0})
+        row["capacity_s"] += f.capacity_s
+        row["drawn"] += f.drawn
+    return list(out.values())
+
+
+def db_clean(quota_file: QuotaFile, older_than_days: float, *, session: Session, now: float | None = None) -> dict[str, Any]:
+    """Roll up every whole UTC day before the horizon (midnight ``older_than_days`` ago) that is not
+    rolled up yet, then delete the events and finished jobs before it; the caller commits."""
+    if older_than_days < 0:
+        raise UsageRequestError(f"older-than: {older_than_days} is negative")
+    now = time.time() if now is None else now
+    horizon = (now - older_than_days * DAY_S) // DAY_S * DAY_S
+    start = ledger.rolled_until(session=session)
+    if start is None:
+        first = ledger.first_event_at(session=session)
+        start = None if first is None else first // DAY_S * DAY_S
+    days = 0
+    if start is not None and start < horizon:
+        holds = holds_from_events(ledger.accounting_events(start, horizon, session=session))
+        periods = period_cuts(start, horizon, DAY_S)
+        queue_of = {q.name: queue.name for queue in quota_file.queues for q in queue.quotas}
+        ledger.store_rollup(account(quota_file.queues, holds, periods), queue_of, session=session)
+        days = len(periods)
+    jobs, events = ledger.delete_before(horizon, session=session)
+    return {"horizon": iso(horizon), "days_rolled_up": days, "jobs_deleted": jobs, "events_deleted": events}
