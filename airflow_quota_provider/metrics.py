@@ -145,8 +145,11 @@ class GpuSecondsMeter:
     period boundaries instead). The first call only starts the clock (history is not counted).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, every_s: float = 15.0) -> None:
         self.since: float | None = None
+        self.every_s = every_s
+        """Send at most this often: each call reads the events of every job holding GPUs, too much
+        for every scheduling cycle of a large fleet (counters need no finer grain)."""
         self._carry: dict[tuple[str, str], float] = {}
 
     def emit(self, quota_file: QuotaFile, *, session: Session, now: float) -> None:
@@ -154,7 +157,7 @@ class GpuSecondsMeter:
         the same span is tried again next time."""
         if self.since is None:
             self.since = now
-        if now <= self.since:
+        if now - self.since < self.every_s or now <= self.since:
             return
         try:
             holds = holds_from_events(accounting_events(self.since, now, session=session))

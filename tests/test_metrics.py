@@ -163,7 +163,7 @@ def test_gpu_seconds_per_quota_and_kind_add_up_to_the_usage_report(statsd, sessi
         session.add(QuotaEvent(at=at, kind=kind, job_id=job.id, dag_id=job.dag_id, quota=job.quota, devices=devices))
     session.flush()
 
-    meter = GpuSecondsMeter()
+    meter = GpuSecondsMeter(every_s=0)
     meter.emit(quota_file, session=session, now=t0)
     assert _counts(statsd(), "gpu_seconds") == {}  # the first call starts the clock
     meter.emit(quota_file, session=session, now=t0 + 100.25)
@@ -179,3 +179,11 @@ def test_gpu_seconds_per_quota_and_kind_add_up_to_the_usage_report(statsd, sessi
             sent = first.get(f"{quota}.{kind}", 0) + second.get(f"{quota}.{kind}", 0)
             assert 0 <= row[kind] - sent < 1, (quota, kind, sent, row[kind])
     assert second["team-b.borrowed"] == 1  # 0.25 carried + 0.75
+
+    # At most every ``every_s``: a call sooner sends nothing, and the next one covers its span.
+    paced = GpuSecondsMeter(every_s=15)
+    paced.emit(quota_file, session=session, now=t0)
+    paced.emit(quota_file, session=session, now=t0 + 10)
+    assert _counts(statsd(), "gpu_seconds") == {}
+    paced.emit(quota_file, session=session, now=t0 + 20)
+    assert _counts(statsd(), "gpu_seconds")["team-b.used_within"] == 4 * 10  # admitted at t0 + 10
