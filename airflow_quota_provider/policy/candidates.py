@@ -50,14 +50,21 @@ class Candidates:
         self._first: dict[str, int] = {}
         self._on_host: dict[str | None, list[tuple[tuple, Job]]] | None = None
         self._host_gpus: dict[str | None, int] = {}
-        self.by_work = any(job.expected_runtime_s is not None for job in running)
-        self.order = self._order_by_work if self.by_work else self._order
+        self._by_work: bool | None = None
 
-    def _order(self, job: Job) -> tuple:
+    @property
+    def by_work(self) -> bool:
+        """Whether some running job has an expected runtime; looked at on the first search only (most
+        cycles search for nobody, and the simulator decides ~10^5 times)."""
+        if self._by_work is None:
+            self._by_work = any(job.expected_runtime_s is not None for job in self._all_running)
+        return self._by_work
+
+    def order(self, job: Job) -> tuple:
+        """``job``'s key in this decision's victim order."""
+        if self.by_work:
+            return victim_order_by_work(job, self.now, self.finishing(job))
         return victim_order(job, self.now)
-
-    def _order_by_work(self, job: Job) -> tuple:
-        return victim_order_by_work(job, self.now, self.finishing(job))
 
     def finishing(self, job: Job) -> bool:
         """A victim to wait for, not preempt: it is expected to end within its grace period."""
@@ -71,8 +78,11 @@ class Candidates:
                 self._running = {}
                 for job in self._all_running:
                     self._running.setdefault(job.quota, []).append(job)
-            quota, now, order = self._quotas[name], self.now, self.order
-            entries = [(order(job), job) for job in self._running.get(name, ()) if may_be_preempted(job, quota, now)]
+            quota, now, jobs = self._quotas[name], self.now, self._running.get(name, ())
+            if self.by_work:
+                entries = [(self.order(job), job) for job in jobs if may_be_preempted(job, quota, now)]
+            else:  # the hottest list of a replay: no call per job beyond today's
+                entries = [(victim_order(job, now), job) for job in jobs if may_be_preempted(job, quota, now)]
             entries.sort(key=entry_key)
             self._sorted[name] = entries
         return entries
