@@ -93,13 +93,15 @@ class _QuotaDecoratedOperator(QuotaTaskMixin, DecoratedOperator, PythonOperator)
         max_preemptions: int | None = None,
         grace_period: float | timedelta | None = None,
         preemptible: bool = True,
+        expected_runtime: float | timedelta | None = None,
         on_preempt: str = "raise",
         executor: str | None = DEFAULT_EXECUTOR,
         **kwargs: Any,
     ) -> None:
         _check_on_preempt(on_preempt)
         quota_args = {"quota": quota, "gpus": gpus, "priority": priority, "max_preemptions": max_preemptions,
-                      "grace_period": grace_period, "preemptible": preemptible}  # fmt: skip
+                      "grace_period": grace_period, "preemptible": preemptible,
+                      "expected_runtime": expected_runtime}  # fmt: skip
         kwargs_to_upstream = {"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs}
         super().__init__(
             kwargs_to_upstream=kwargs_to_upstream,

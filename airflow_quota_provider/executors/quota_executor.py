@@ -2,7 +2,8 @@
 
 A task's quota is its pool (or ``executor_config["quota"]["quota"]``), its GPUs its ``pool_slots``,
 its priority its ``priority_weight``; ``executor_config["quota"]`` may also carry ``gpus``,
-``priority``, ``preemptible``, ``max_preemptions`` and ``grace_period_s``.
+``priority``, ``preemptible``, ``max_preemptions``, ``grace_period_s`` and ``expected_runtime_s``
+(else estimated from the task's history, :mod:`.runtimes`).
 
 Every heartbeat, :meth:`QuotaExecutor.sync` rebuilds the state from the provider's tables, asks the
 policy core what to do for each job queue, and acts: it launches admitted jobs on their devices,
@@ -47,6 +48,7 @@ from airflow.utils.session import create_session
 from airflow_quota_provider.executors.act import Act
 from airflow_quota_provider.executors.config import LAUNCHERS, MANAGED_POOL, QuotaConfig, QuotaConfigError, discover_devices
 from airflow_quota_provider.executors.reconcile import Reconcile
+from airflow_quota_provider.executors.runtimes import CheckpointTimes, RuntimeHistory, local_checkpoint_dir
 from airflow_quota_provider.executors.schedule import Schedule
 from airflow_quota_provider.metrics import GpuSecondsMeter, emit_metrics
 from airflow_quota_provider.models import transitions
@@ -82,7 +84,11 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         self._dirty = True
         self._to_launch: list[QuotaJob] = []
         self._policy_jobs: dict[tuple, Job] = {}
-        """(job row, preemptions) -> the policy's job, from the last cycle."""
+        """(job row, preemptions, last checkpoint) -> the policy's job, from the last cycle."""
+        self._runtimes = RuntimeHistory()
+        """Recent successful durations per task, for the expected runtime of newly queued jobs."""
+        self._checkpoints = CheckpointTimes(local_checkpoint_dir)
+        """When each running job last saved its work, for the victim order."""
         self._backlogs: dict[str, Backlog] = {}
         """Job queue -> its waiting jobs in queue order, kept between cycles."""
         self._states: dict[str, State] = {}
@@ -363,6 +369,9 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         job.preemptible = bool(extras.get("preemptible", True))
         job.max_preemptions = extras.get("max_preemptions")
         job.grace_period_s = extras.get("grace_period_s")
+        job.expected_runtime_s = self._runtimes.expected(
+            ti.dag_id, ti.task_id, extras.get("expected_runtime_s"), session=session
+        )
         job.workload = workload.model_dump_json()
         job.report = None  # queued again: Airflow has moved past the try that ended
         job.pending_reason = job.pending_reason or "waiting for the next scheduling cycle"

@@ -74,6 +74,7 @@ class Schedule:
         changed = False
         queue_of = {q.name: queue for queue in self.quota_file.queues for q in queue.quotas}
         known, seen = self._policy_jobs, {}
+        holding: set[int] = set()
         moved: dict[str, list[int]] = {}
         placed = self.launcher.places_on_hosts
         for job in jobs:
@@ -93,9 +94,14 @@ class Schedule:
             cycle = cycles.get(queue.name)
             if cycle is None:
                 cycle = cycles[queue.name] = QueueCycle(queue, [h for h in hosts if h.queue == queue.name])
-            # The same columns and count give the same policy job: most cycles rebuild none of them.
-            key = (job[:_DECIDED_ON], counts.get(job.id, 0))
-            pj = known.get(key) or policy_job(job, key[1], placed=placed)
+            checkpoint = None
+            if job.state != _PENDING:
+                ti = (job.dag_id, job.run_id, job.task_id, job.map_index)
+                checkpoint = self._checkpoints.last_at(job.id, ti, job.started_at)
+                holding.add(job.id)
+            # The same columns, count and checkpoint give the same policy job: most cycles rebuild none.
+            key = (job[:_DECIDED_ON], counts.get(job.id, 0), checkpoint)
+            pj = known.get(key) or policy_job(job, key[1], placed=placed, last_checkpoint_at=checkpoint)
             seen[key] = pj
             if job.state == _PENDING:
                 cycle.pending[pj.id] = pj
@@ -103,6 +109,7 @@ class Schedule:
             else:
                 cycle.running.append(pj)
         self._policy_jobs = seen
+        self._checkpoints.forget_all_but(holding)
         for name, ids in moved.items():  # new jobs, or a quota moved to another queue by an edit
             session.execute(
                 update(QuotaJob).where(QuotaJob.id.in_(ids)).values(queue_name=name).execution_options(synchronize_session=False)

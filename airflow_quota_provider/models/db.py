@@ -13,8 +13,7 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _REVISION_HEADS_MAP: dict[str, str] = {
     "0.1.0": "0001_quota",
-    "0.2.0": "0003_quota_report",
-    "0.3.0": "0004_quota_usage",
+    "0.2.0": "0005_quota_usage",
 }
 """Provider release -> Alembic head at that release."""
 

@@ -146,6 +146,9 @@ class QuotaJob(QuotaBase):
     preemptible: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
     max_preemptions: Mapped[int | None] = mapped_column(Integer)
     grace_period_s: Mapped[float | None] = mapped_column(Float)
+    expected_runtime_s: Mapped[float | None] = mapped_column(Float)
+    """Seconds a run is expected to take, set when the task is queued (:mod:`..executors.runtimes`);
+    None: unknown."""
     state: Mapped[str] = mapped_column(String(20), nullable=False, default=JobState.PENDING.value)
     submitted_at: Mapped[float] = mapped_column(Float, nullable=False)
     started_at: Mapped[float | None] = mapped_column(Float)
@@ -192,6 +195,7 @@ class QuotaJob(QuotaBase):
             "priority": self.priority,
             "preemptible": self.preemptible,
             "max_preemptions": self.max_preemptions,
+            "expected_runtime_s": self.expected_runtime_s,
             "state": self.state,
             "submitted_at": self.submitted_at,
             "started_at": self.started_at,
@@ -272,10 +276,15 @@ class ActiveJob(NamedTuple):
     max_preemptions: int | None
     preempted_for: str | None
     host: str | None
+    expected_runtime_s: float | None
     queued: bool
     """Whether Airflow has queued the job's task (a revoked or preempted one keeps its place without)."""
     pending_reason: str | None
     pending_position: int | None
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
 
 
 def active_job_rows(*, session: Session) -> list[ActiveJob]:
@@ -294,9 +303,12 @@ def active_job_rows(*, session: Session) -> list[ActiveJob]:
     return [ActiveJob._make(row) for row in result]
 
 
-def policy_job(job: QuotaJob | ActiveJob, preemptions: int, *, placed: bool = False) -> Job:
+def policy_job(
+    job: QuotaJob | ActiveJob, preemptions: int, *, placed: bool = False, last_checkpoint_at: float | None = None
+) -> Job:
     """The policy's view of a job (an ORM object or a row with its columns): running and stopping
-    jobs carry ``started_at``, and their ``host`` when the policy places jobs on hosts."""
+    jobs carry ``started_at`` and ``last_checkpoint_at`` (when it saved its work in this run, as the
+    caller found it), and their ``host`` when the policy places jobs on hosts."""
     holding = job.state != _PENDING
     return Job(
         id=str(job.id),
@@ -308,6 +320,8 @@ def policy_job(job: QuotaJob | ActiveJob, preemptions: int, *, placed: bool = Fa
         preemptible=job.preemptible,
         max_preemptions=job.max_preemptions,
         preemptions=preemptions,
+        last_checkpoint_at=last_checkpoint_at if holding else None,
+        expected_runtime_s=job.expected_runtime_s,
         preempted_for=job.preempted_for if job.state == _STOPPING else None,
         host=job.host if placed and holding else None,
     )

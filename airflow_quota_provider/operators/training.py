@@ -150,6 +150,18 @@ def _grace_seconds(value: Any) -> float | None:
     return float(value)
 
 
+def _expected_runtime_seconds(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise QuotaTaskArgumentError(
+            "expected_runtime", f"{value!r} is not a number of seconds > 0, a timedelta or None"
+        )
+    return float(value)
+
+
 def quota_operator_kwargs(
     *,
     quota: str,
@@ -160,6 +172,7 @@ def quota_operator_kwargs(
     grace_period: float | timedelta | None,
     executor: str | None,
     kwargs: dict[str, Any],
+    expected_runtime: float | timedelta | None = None,
 ) -> dict[str, Any]:
     """
     Validate the quota arguments and return the ``BaseOperator`` keyword arguments they map to.
@@ -195,13 +208,16 @@ def quota_operator_kwargs(
             )
 
     extras = {"preemptible": preemptible, "max_preemptions": max_preemptions, "grace_period_s": grace_period_s}
+    expected_runtime_s = _expected_runtime_seconds(expected_runtime)
+    if expected_runtime_s is not None:  # else the executor estimates it from the task's history
+        extras["expected_runtime_s"] = expected_runtime_s
     executor_config = kwargs.get("executor_config") or {}
     if not isinstance(executor_config, Mapping):
         raise QuotaTaskArgumentError("executor_config", f"{executor_config!r} is not a dict or None")
     if executor_config.get(EXECUTOR_CONFIG_KEY, extras) != extras:
         raise QuotaTaskArgumentError(
             f"executor_config.{EXECUTOR_CONFIG_KEY}",
-            "is set by the quota arguments (preemptible, max_preemptions, grace_period); remove it",
+            "is set by the quota arguments (preemptible, max_preemptions, grace_period, expected_runtime); remove it",
         )
     return {
         **kwargs,
@@ -217,6 +233,7 @@ _QUOTA_ARG_DEFAULTS: dict[str, Any] = {
     "preemptible": True,
     "max_preemptions": None,
     "grace_period": None,
+    "expected_runtime": None,
 }
 
 
@@ -381,9 +398,13 @@ def _safe_component(part: str) -> str:
 
 def _task_instance_parts(context: Context) -> list[str]:
     ti = context["ti"]
-    parts = [ti.dag_id, ti.run_id, ti.task_id]
-    if ti.map_index is not None and ti.map_index >= 0:
-        parts.append(str(ti.map_index))
+    return _parts(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+
+
+def _parts(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> list[str]:
+    parts = [dag_id, run_id, task_id]
+    if map_index is not None and map_index >= 0:
+        parts.append(str(map_index))
     return [_safe_component(str(part)) for part in parts]
 
 
@@ -396,13 +417,19 @@ def _state_dir() -> str:
 
 
 def _default_checkpoint_dir(context: Context) -> Path | ObjectStoragePath:
+    ti = context["ti"]
+    return default_checkpoint_dir(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+
+
+def default_checkpoint_dir(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> Path | ObjectStoragePath:
     """
     ``<[quota] checkpoint_root>/<dag_id>/<run_id>/<task_id>[/<map_index>]``; without a root,
-    ``[quota] state_dir/checkpoints/...`` on this worker's disk.
+    ``[quota] state_dir/checkpoints/...`` on this worker's disk. The executor reads the same place
+    for the time of a running job's last checkpoint.
     """
     from airflow.sdk.configuration import conf
 
-    parts = _task_instance_parts(context)
+    parts = _parts(dag_id, run_id, task_id, map_index)
     root = (conf.get("quota", "checkpoint_root", fallback="") or "").strip()
     if not root:
         return Path(_state_dir(), "checkpoints", *parts)
@@ -713,6 +740,7 @@ class QuotaTaskMixin:
         max_preemptions: int | None,
         grace_period: float | timedelta | None,
         preemptible: bool,
+        expected_runtime: float | timedelta | None = None,
     ) -> None:
         if checkpoint_dir is not None and not isinstance(checkpoint_dir, str):
             raise QuotaTaskArgumentError("checkpoint_dir", f"{checkpoint_dir!r} is not a path string or None")
@@ -723,6 +751,7 @@ class QuotaTaskMixin:
         self.max_preemptions = max_preemptions
         self.grace_period = _grace_seconds(grace_period)
         self.preemptible = preemptible
+        self.expected_runtime = _expected_runtime_seconds(expected_runtime)
 
     def _start_run(self, context: Context, what: str) -> QuotaRun:
         """
@@ -781,6 +810,9 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
     :param grace_period: seconds (or a timedelta) between SIGTERM and SIGKILL when preempted; None:
         the quota's value (the executor passes it as ``QUOTA_GRACE_PERIOD_S``).
     :param preemptible: False asks the executor never to preempt this task.
+    :param expected_runtime: seconds (or a timedelta) a run is expected to take; None: the median of
+        the task's recent successful durations, else its ``execution_timeout``. A victim expected to
+        finish within its grace period is waited for instead of preempted.
     :param env: extra environment variables for the command. Templated.
     :param cwd: working directory of the command. Templated.
     :param executor: the executor alias; default ``"quota"``.
@@ -809,6 +841,7 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
         max_preemptions: int | None = None,
         grace_period: float | timedelta | None = None,
         preemptible: bool = True,
+        expected_runtime: float | timedelta | None = None,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         executor: str | None = DEFAULT_EXECUTOR,
@@ -824,7 +857,8 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
         if env is not None and not isinstance(env, Mapping):
             raise QuotaTaskArgumentError("env", f"{env!r} is not a dict of strings or None")
         quota_args = {"quota": quota, "gpus": gpus, "priority": priority, "max_preemptions": max_preemptions,
-                      "grace_period": grace_period, "preemptible": preemptible}  # fmt: skip
+                      "grace_period": grace_period, "preemptible": preemptible,
+                      "expected_runtime": expected_runtime}  # fmt: skip
         super().__init__(**quota_operator_kwargs(**quota_args, executor=executor, kwargs=kwargs))
         self._set_quota_args(checkpoint_dir=checkpoint_dir, **quota_args)
         self.command = command

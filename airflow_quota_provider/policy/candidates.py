@@ -8,10 +8,11 @@ from collections.abc import Iterator
 
 from airflow_quota_provider.policy.capacity import Usage
 from airflow_quota_provider.policy.config import PreemptionPolicy, Quota
-from airflow_quota_provider.policy.ordering import entry_key, victim_order
+from airflow_quota_provider.policy.ordering import entry_key, victim_order, victim_order_by_work
 from airflow_quota_provider.policy.preemption_policy import (
     NOBODY,
     borrow_within_ceiling,
+    finishes_within_grace,
     may_be_preempted,
     reclaim_ceiling,
     within_quota_allows,
@@ -32,6 +33,10 @@ class Candidates:
     host at a time, through one list per host of every quota's candidates there (built on the first
     such search). Jobs chosen as victims earlier in the same decision are ``taken`` (:meth:`take`)
     and skipped afterwards.
+
+    When some running job has an expected runtime, the lists are in :func:`victim_order_by_work`
+    (least work lost first, jobs about to finish first of all) and :meth:`finishing` says which
+    victims to wait for instead of preempting; otherwise in :func:`victim_order`, as without runtimes.
     """
 
     def __init__(self, running: tuple[Job, ...], quotas: dict[str, Quota], now: float) -> None:
@@ -45,6 +50,25 @@ class Candidates:
         self._first: dict[str, int] = {}
         self._on_host: dict[str | None, list[tuple[tuple, Job]]] | None = None
         self._host_gpus: dict[str | None, int] = {}
+        self._by_work: bool | None = None
+
+    @property
+    def by_work(self) -> bool:
+        """Whether some running job has an expected runtime; looked at on the first search only (most
+        cycles search for nobody, and the simulator decides ~10^5 times)."""
+        if self._by_work is None:
+            self._by_work = any(job.expected_runtime_s is not None for job in self._all_running)
+        return self._by_work
+
+    def order(self, job: Job) -> tuple:
+        """``job``'s key in this decision's victim order."""
+        if self.by_work:
+            return victim_order_by_work(job, self.now, self.finishing(job))
+        return victim_order(job, self.now)
+
+    def finishing(self, job: Job) -> bool:
+        """A victim to wait for, not preempt: it is expected to end within its grace period."""
+        return self.by_work and finishes_within_grace(job, self._quotas[job.quota], self.now)
 
     def entries(self, name: str) -> list[tuple[tuple, Job]]:
         """A quota's candidates as ``(victim order key, job)``, lowest priority first."""
@@ -54,8 +78,11 @@ class Candidates:
                 self._running = {}
                 for job in self._all_running:
                     self._running.setdefault(job.quota, []).append(job)
-            quota, now = self._quotas[name], self.now
-            entries = [(victim_order(job, now), job) for job in self._running.get(name, ()) if may_be_preempted(job, quota, now)]
+            quota, now, jobs = self._quotas[name], self.now, self._running.get(name, ())
+            if self.by_work:
+                entries = [(self.order(job), job) for job in jobs if may_be_preempted(job, quota, now)]
+            else:  # the hottest list of a replay: no call per job beyond today's
+                entries = [(victim_order(job, now), job) for job in jobs if may_be_preempted(job, quota, now)]
             entries.sort(key=entry_key)
             self._sorted[name] = entries
         return entries
@@ -72,7 +99,7 @@ class Candidates:
             self._on_host = {}
             for job in self._all_running:
                 if job.id not in self.taken and may_be_preempted(job, self._quotas[job.quota], self.now):
-                    self._on_host.setdefault(job.host, []).append((victim_order(job, self.now), job))
+                    self._on_host.setdefault(job.host, []).append((self.order(job), job))
                     self._host_gpus[job.host] = self._host_gpus.get(job.host, 0) + job.gpus
             for entries in self._on_host.values():
                 entries.sort(key=entry_key)

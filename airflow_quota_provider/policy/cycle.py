@@ -116,6 +116,8 @@ class _Cycle:
         self.waiting_for: dict[str, tuple[list[str], str | None]] = {}
         """Held jobs: capacity is theirs, GPUs not yet free; the victims they wait for and the host
         their GPUs are reserved on (None without hosts)."""
+        self.awaiting: dict[str, list[str]] = {}
+        """Held jobs waiting for running jobs expected to finish within their grace period (spared)."""
         self.epoch = 0
         """Counts the changes that can make a failed fit or search succeed (preemptions, a quota
         starting to borrow); failures memoised at one epoch stay failures until the next."""
@@ -182,13 +184,16 @@ class _Cycle:
         if not was_borrowing and usage.is_borrowing(job.quota):
             self.epoch += 1
 
-    def _hold(self, job: Job, victims: list[str], host: str | None) -> None:
-        """Count ``job``'s GPUs as taken (on ``host`` too, with hosts). A job with victims waits for
-        them to stop, even if other GPUs are free right now (they belong to others); one without
-        starts if the GPUs are free."""
+    def _hold(self, job: Job, victims: list[str], host: str | None, awaited: list[str] | None = None) -> None:
+        """Count ``job``'s GPUs as taken (on ``host`` too, with hosts). A job with victims (or jobs it
+        waits for to finish, ``awaited``) waits for them to stop, even if other GPUs are free right
+        now (they belong to others); one without starts if the GPUs are free."""
         self._take(job)
+        if awaited:
+            self.awaiting[job.id] = awaited
         if (
             not victims
+            and not awaited
             and self.usage.physically_free() >= job.gpus
             and (host is None or self.placement.free(host) >= job.gpus)
         ):
@@ -248,11 +253,25 @@ class _Cycle:
         if not victims:
             self._remember_no(self._search_failed, job, borrow)
             return False
+        awaited = []
         for victim, reason in victims:
-            self._preempt(victim, job, reason)
+            if self.candidates.finishing(victim):
+                self._await(victim)
+                awaited.append(victim.id)
+            else:
+                self._preempt(victim, job, reason)
         host = None if self.placement is None else victims[0][0].host
-        self._hold(job, [victim.id for victim, _ in victims], host)
+        self._hold(job, [victim.id for victim, _ in victims if victim.id not in awaited], host, awaited)
         return True
+
+    def _await(self, victim: Job) -> None:
+        """Count ``victim``'s GPUs as the preemptor's, as :meth:`_preempt` does, without stopping it: it
+        is expected to end within its grace period, as soon as a preemption would free them."""
+        self.candidates.take(victim)
+        self.usage.remove(victim.quota, victim.gpus)
+        if self.placement is not None:
+            self.placement.preempt(victim)
+        self.epoch += 1
 
     def _preempt(self, victim: Job, preemptor: Job, reason: str) -> None:
         quota = self.quotas[victim.quota]
@@ -357,13 +376,13 @@ class _Cycle:
                 continue  # started, or rejected
             positions[job.quota] += 1
             if job.id in self.waiting_for:
-                reason = explainer.held(job, *self.waiting_for[job.id])
+                reason = explainer.held(job, *self.waiting_for[job.id], awaited=self.awaiting.get(job.id, ()))
             else:
                 # Every job still waiting went through the borrowing pass, which searched for
                 # victims for each one allowed to preempt yet.
                 quota = self.quotas[job.quota]
                 reason = explainer.waiting(job, searched=may_preempt(job, quota, self.now))
-            self.decision.pending.append(Pending(job.id, positions[job.quota], reason))
+            self.decision.pending.append(Pending(job.id, positions[job.quota], reason, self.awaiting.get(job.id, [])))
 
 
 def _rules_allow_victims(quota: Quota) -> dict[bool, bool]:

@@ -33,9 +33,15 @@ class Pending:
     id: str
     position: int
     reason: str
+    awaits: list[str] = field(default_factory=list)
+    """Running jobs it waits for instead of preempting them: expected to finish within their grace
+    period. Their capacity is held for it as for its victims'."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "position": self.position, "reason": self.reason}
+        result = {"id": self.id, "position": self.position, "reason": self.reason}
+        if self.awaits:
+            result["awaits"] = list(self.awaits)
+        return result
 
 
 @dataclass(slots=True)

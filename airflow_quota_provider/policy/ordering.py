@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,21 +29,37 @@ def victim_order(job: Job, now: float) -> tuple:
     return (job.priority, -started, job.gpus * max(0.0, now - since), job.id)
 
 
-def victim_set_order(victims: list[Job], preemptor: Job, now: float) -> tuple:
+def victim_order_by_work(job: Job, now: float, finishing: bool) -> tuple:
+    """Order of preemption candidates within one quota when the decision knows expected runtimes.
+
+    1. lowest priority first;
+    2. jobs expected to finish within their grace period first (waited for, they lose nothing);
+    3. least run time lost: time since its last checkpoint in this run, or since it started;
+    4. then :func:`victim_order`'s ties (most recently started, GPU-seconds lost, id).
+    Without checkpoints, 3 is :func:`victim_order`'s "most recently started first"; a checkpoint
+    older than the run's start saved nothing of this run.
+    """
+    started = job.started_at if job.started_at is not None else now
+    saved = max(started, job.last_checkpoint_at) if job.last_checkpoint_at is not None else started
+    return (job.priority, not finishing, now - saved, *victim_order(job, now)[1:])
+
+
+def victim_set_order(victims: list[Job], preemptor: Job, order: Callable[[Job], tuple]) -> tuple:
     """Order of victim sets on different hosts (one host's set each): cheapest first.
 
-    A victim's cost is its place in the victim search's order (:func:`victim_cost`). A set's key is
+    A victim's cost is its place in the victim search's order (:func:`victim_cost`, with the
+    decision's ``order`` of candidates within a quota). A set's key is
     its victims' costs, costliest first, compared lexicographically: the set whose costliest victim
     comes earliest in that order wins, then the one whose next costliest does. Sets on different
     hosts share no victim and a victim's cost ends on its id, so two hosts' keys never tie.
     """
-    return tuple(sorted((victim_cost(victim, preemptor, now) for victim in victims), reverse=True))
+    return tuple(sorted((victim_cost(victim, preemptor, order) for victim in victims), reverse=True))
 
 
-def victim_cost(victim: Job, preemptor: Job, now: float) -> tuple:
+def victim_cost(victim: Job, preemptor: Job, order: Callable[[Job], tuple]) -> tuple:
     """A candidate's place in the victim search's order for ``preemptor``: other quotas' jobs first,
-    then :func:`victim_order`."""
-    return (victim.quota == preemptor.quota, victim_order(victim, now))
+    then ``order`` (:func:`victim_order` or :func:`victim_order_by_work`)."""
+    return (victim.quota == preemptor.quota, order(victim))
 
 
 def entry_key(entry: tuple[tuple, Job]) -> tuple:

@@ -89,7 +89,7 @@ def _on_one_host(
     best_key: tuple = ()
     tried: set[str] = set()
     for candidate, _ in candidates.for_preemptor(preemptor, quota, usage, borrow=borrow):
-        if best is not None and victim_cost(candidate, preemptor, candidates.now) > best_key[0]:
+        if best is not None and victim_cost(candidate, preemptor, candidates.order) > best_key[0]:
             break
         host = candidate.host
         if host in tried or host in placement.down:
@@ -102,7 +102,7 @@ def _on_one_host(
             preemptor, quota, usage, candidates, borrow=borrow, may_borrow=may_borrow, host=host, room=room
         )
         if victims:
-            key = victim_set_order([victim for victim, _ in victims], preemptor, candidates.now)
+            key = victim_set_order([victim for victim, _ in victims], preemptor, candidates.order)
             if best is None or key < best_key:
                 best, best_key = victims, key
     return best

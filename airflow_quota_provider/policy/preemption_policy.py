@@ -68,3 +68,16 @@ def may_be_preempted(job: Job, quota: Quota, now: float) -> bool:
 def may_preempt(job: Job, quota: Quota, now: float) -> bool:
     """A waiting job may cause preemption once it has waited ``preemption_delay_s``."""
     return now - job.submitted_at >= quota.preemption_delay_s
+
+
+def finishes_within_grace(job: Job, quota: Quota, now: float) -> bool:
+    """A running job expected to end on its own before a preemption's grace period would: stopping it
+    frees its GPUs no sooner and loses its work, so the search waits for it instead.
+
+    A job already past its expected end is treated as one of unknown runtime (the estimate was
+    wrong): it may be preempted, so a wrong estimate delays a reclaim by at most one grace period.
+    """
+    if job.expected_runtime_s is None or job.started_at is None:
+        return False
+    end = job.started_at + job.expected_runtime_s
+    return now < end <= now + quota.grace_period_s

@@ -7,6 +7,8 @@ a job that fits its quota but finds no host with room is told so (fragmentation)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from airflow_quota_provider.policy.candidates import Candidates
 from airflow_quota_provider.policy.capacity import Usage, borrowed
 from airflow_quota_provider.policy.config import Quota
@@ -28,11 +30,18 @@ class Explainer:
         self._borrowers: list[tuple[str, int, int | None]] | None = None
         self._lent: list[int] | None = None
 
-    def held(self, job: Job, victims: list[str], host: str | None = None) -> str:
-        """A job whose capacity (and, with hosts, GPUs on ``host``) is held while jobs stop."""
-        if victims:
+    def held(self, job: Job, victims: list[str], host: str | None = None, awaited: Sequence[str] = ()) -> str:
+        """A job whose capacity (and, with hosts, GPUs on ``host``) is held while jobs stop, or finish
+        on their own (``awaited``: expected to end within their grace period, so not preempted)."""
+        if victims or awaited:
             where = f"; its {job.gpus} GPUs on {host} are held for it" if host is not None else ""
-            return f"waiting for preempted jobs to stop: {', '.join(victims)}{where}"
+            parts = [f"waiting for preempted jobs to stop: {', '.join(victims)}"] if victims else []
+            if awaited:
+                parts.append(
+                    f"waiting for {', '.join(awaited)} to finish, expected within "
+                    f"{'its' if len(awaited) == 1 else 'their'} grace period (spared, not preempted)"
+                )
+            return "; ".join(parts) + where
         if host is not None:
             return (
                 f"waiting for stopping jobs to release GPUs on {host}: needs {job.gpus}, "

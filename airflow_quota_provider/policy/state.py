@@ -46,6 +46,11 @@ class Job:
     min_runtime_s: float | None = None
     """Least run time before it may be preempted; None takes the quota's."""
     last_checkpoint_at: float | None = None
+    """When a running job last saved its work in this run; None: not since it started (or unknown)."""
+    expected_runtime_s: float | None = None
+    """How long a run of it is expected to take from ``started_at`` (the task's history); None:
+    unknown. With it, a victim expected to finish within its grace period is waited for, not
+    preempted (:func:`~airflow_quota_provider.policy.preemption_policy.finishes_within_grace`)."""
     preempted_for: str | None = None
     """Set on a running job that was already chosen as a victim and is still stopping."""
     host: str | None = None
@@ -167,6 +172,7 @@ def _parse_job(
         preemptions=fields.int("preemptions", 0),
         min_runtime_s=fields.number("min_runtime_s", None, nullable=True),
         last_checkpoint_at=fields.number("last_checkpoint_at", None, minimum=None, nullable=True),
+        expected_runtime_s=fields.number("expected_runtime_s", None, nullable=True),
         preempted_for=fields.str("preempted_for", None) if running else None,
         host=fields.str("host", choices=host_names) if running and host_names is not None else None,
     )

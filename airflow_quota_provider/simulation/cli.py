@@ -52,7 +52,15 @@ def _count(text: str) -> int:
 
 
 _days.__name__ = "days"
+def _sigma(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a standard deviation, at least 0 (0: exact runtimes)")
+    return value
+
+
 _seconds.__name__ = "seconds"
+_sigma.__name__ = "sigma"
 _count.__name__ = "count"
 
 # (flags, argparse keyword arguments): the one definition of the options, for both command lines.
@@ -76,6 +84,10 @@ SIMULATE_ARGS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                                       "--gpus-per-host; N x G must be each queue's capacity)"}),
     (("--gpus-per-host",), {"type": _count, "default": None, "metavar": "G",
                             "help": "GPUs per host (with --hosts-per-queue); jobs above G GPUs are rejected"}),
+    (("--runtime-noise",), {"type": _sigma, "default": None, "metavar": "SIGMA",
+                            "help": "tell the policy each job's expected runtime: its work left times "
+                                    "exp(N(0, SIGMA)) (0: exact); default: runtimes unknown"}),
+    (("--runtime-seed",), {"type": int, "default": 1, "help": "seed of the runtime noise (default 1)"}),
     (("--json",), {"default": None, "metavar": "OUT.json", "help": "write the figures here"}),
     (("--plot",), {"default": None, "metavar": "OUT.png", "help": "plot busy GPUs and waiting jobs here"}),
 )
@@ -158,7 +170,8 @@ def run_from_args(args: argparse.Namespace) -> Run:
     with _Progress() as progress:
         run = simulate(quota_file, jobs, policies, checkpoint_interval_s=args.checkpoint_interval,
                        record_timeline=args.plot is not None, progress=progress, workload=workload,
-                       hosts_per_queue=args.hosts_per_queue, gpus_per_host=args.gpus_per_host)
+                       hosts_per_queue=args.hosts_per_queue, gpus_per_host=args.gpus_per_host,
+                       runtime_noise=args.runtime_noise, runtime_seed=args.runtime_seed)
     if args.json:
         Path(args.json).write_text(json.dumps(run.report, indent=2) + "\n")
     if args.plot:

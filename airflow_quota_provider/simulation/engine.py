@@ -18,6 +18,11 @@ executor does:
   at its original submit time, or fails when the preemption said ``fail``.
 - ``reject``: the job can never run; it is counted and reported, never retried.
 
+With ``runtime_noise`` (not None), every job tells the policy how long its run is expected to take
+(``expected_runtime_s``): the work it has left times a factor drawn once per job,
+``exp(N(0, runtime_noise))`` from ``random.Random(runtime_seed)`` (0: exact), to show what
+imperfect estimates cost. Without it no job has an expected runtime, as before.
+
 Given hosts per job queue, the replay passes them to ``decide`` with each running job's host, and
 checks as it goes that no host holds more GPUs than it has. Without them each queue is one implicit
 host of its capacity, as the policy sees it.
@@ -29,6 +34,7 @@ import functools
 import heapq
 import itertools
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -93,7 +99,7 @@ class SimJob:
     __slots__ = (
         "trace", "quota", "queue", "priority", "checkpoint", "remaining", "status", "ready_at", "wait",
         "first_start", "end", "start", "attempt", "preemptions", "busy", "lost", "in_quota", "reclaim",
-        "job", "stop_fail", "message",
+        "job", "stop_fail", "message", "estimate_factor",
     )
 
     def __init__(self, trace: TraceJob, quota: str, queue: "_QueueRun", priority: int, checkpoint: float) -> None:
@@ -118,6 +124,8 @@ class SimJob:
         self.job: Job | None = None
         self.stop_fail = False
         self.message = ""
+        self.estimate_factor: float | None = None
+        """Expected runtime / work left; None: the policy is told no runtime."""
 
 
 class _Usage:
@@ -222,8 +230,11 @@ class Simulator:
         on_progress: Callable[[float], None] | None = None,
         progress_every: int = 2000,
         hosts: dict[str, tuple[Host, ...]] | None = None,
+        runtime_noise: float | None = None,
+        runtime_seed: int = 0,
     ) -> None:
-        """``hosts``: each job queue's hosts, by queue name; None for one implicit host per queue."""
+        """``hosts``: each job queue's hosts, by queue name; None for one implicit host per queue.
+        ``runtime_noise``: see the module's docstring."""
         if not jobs:
             raise InputError("--trace", "no jobs to simulate")
         self.setup = setup
@@ -270,6 +281,10 @@ class Simulator:
             names = ", ".join(q.name for queue in quota_file.queues for q in queue.quotas)
             raise InputError("--config", f"no quota for team(s) {', '.join(teams_unknown)}: name a quota after "
                              f"the team or list it under a quota's teams (quotas: {names})")
+        if runtime_noise is not None:
+            rng = random.Random(runtime_seed)
+            for job in self.jobs.values():
+                job.estimate_factor = math.exp(rng.gauss(0.0, runtime_noise)) if runtime_noise > 0 else 1.0
         for job in self.jobs.values():
             self.env.schedule(job.trace.submit_time_s, ARRIVE, self._arrive, job)
 
@@ -458,7 +473,8 @@ class Simulator:
         job.wait += now - job.ready_at
         if job.first_start is None:
             job.first_start = now
-        job.job = replace(job.job, started_at=now, last_checkpoint_at=now, host=host)
+        expected = None if job.estimate_factor is None else job.remaining * job.estimate_factor
+        job.job = replace(job.job, started_at=now, last_checkpoint_at=now, host=host, expected_runtime_s=expected)
         run.running[job.trace.id] = job.job
         self.env.schedule(now + job.remaining, FINISH, self._finish, job, job.attempt)
         if job.checkpoint > 0:

@@ -65,12 +65,15 @@ def simulate(
     workload: dict[str, Any] | None = None,
     hosts_per_queue: int | None = None,
     gpus_per_host: int | None = None,
+    runtime_noise: float | None = None,
+    runtime_seed: int = 0,
 ) -> Run:
     """Replay ``jobs`` under each policy and return the report (see :mod:`.metrics` for the figures).
 
     ``progress(policy, start, now, end)`` is called now and then during a replay. With
     ``hosts_per_queue`` and ``gpus_per_host`` (both or neither, see :func:`uniform_fleet`), every
-    policy places jobs on the same hosts, and jobs larger than a host are rejected.
+    policy places jobs on the same hosts, and jobs larger than a host are rejected. With
+    ``runtime_noise`` the policy knows each job's expected runtime (exact at 0; see :mod:`.engine`).
     """
     fleet = uniform_fleet(quota_file, hosts_per_queue, gpus_per_host)
     start = min(j.submit_time_s for j in jobs)
@@ -83,6 +86,7 @@ def simulate(
             "first_submit_s": start,
             "last_submit_s": horizon,
             "checkpoint_interval_s": checkpoint_interval_s,
+            **({} if runtime_noise is None else {"runtime_noise": runtime_noise, "runtime_seed": runtime_seed}),
             **(workload or {}),
         },
         "policies": {},
@@ -98,7 +102,8 @@ def simulate(
                 progress(_name, start, now, horizon)
         began, began_cpu = time.perf_counter(), time.process_time()
         simulator = Simulator(quota_file, setup, jobs, checkpoint_interval_s=checkpoint_interval_s, decide=decide,
-                              record_timeline=record_timeline, on_progress=on_progress, hosts=fleet)
+                              record_timeline=record_timeline, on_progress=on_progress, hosts=fleet,
+                              runtime_noise=runtime_noise, runtime_seed=runtime_seed)
         result = simulator.run()
         run.replay_s[name] = time.perf_counter() - began
         run.replay_cpu_s[name] = time.process_time() - began_cpu

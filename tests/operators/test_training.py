@@ -63,6 +63,15 @@ def test_quota_arguments_map_to_pool_slots_priority_and_executor_config():
     }
 
 
+def test_an_expected_runtime_travels_to_the_executor_and_overrides_the_history():
+    op = QuotaTrainingOperator(
+        task_id="train", quota="team-a", command="python train.py", expected_runtime=timedelta(minutes=30)
+    )
+    assert op.executor_config[EXECUTOR_CONFIG_KEY]["expected_runtime_s"] == 1800.0
+    with pytest.raises(QuotaTaskArgumentError, match="expected_runtime: 0 is not a number of seconds > 0"):
+        QuotaTrainingOperator(task_id="t", quota="team-a", command="true", expected_runtime=0)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field", "fragment"),
     [

@@ -249,3 +249,29 @@ def test_cohorts_get_figures_of_their_own_and_a_team_reclaims_its_cohorts_capaci
     # Airflow pools have no cohorts: a team without a capacity of its own never runs
     assert figures(report, "static", "a")["rejected"] == 1
     assert report["policies"]["static"]["cohorts"]["ml"]["utilisation"] == 0.0
+
+
+@pytest.mark.parametrize(("runtime_noise", "preemptions"), [
+    pytest.param(None, 1, id="without runtimes the borrower is preempted though it would end within its grace"),
+    pytest.param(0.0, 0, id="with exact runtimes the borrower about to finish is waited for"),
+])
+def test_a_borrower_about_to_finish_is_waited_for_with_runtimes(runtime_noise, preemptions):
+    # b1 borrows all 8 GPUs until 1000; a1 arrives at 980 with a 30 s grace period: b1 ends first.
+    jobs = [job("b1", "b", 0, 1000, 8), job("a1", "a", 980, 100, 4)]
+    run = simulate(quota_file(two_quotas()), jobs, ["quota"], checkpoint_interval_s=100, runtime_noise=runtime_noise)
+    overall = figures(run.report, "quota")
+    assert overall["preemptions"] == preemptions
+    assert figures(run.report, "quota", "a")["wait_mean_s"] == 20.0, "a1 starts when b1 ends, either way"
+
+
+def test_with_runtimes_the_victim_that_saved_last_loses_least():
+    # b1 runs from 0 and saves every 300 s; b2 runs from 100 and saves nothing. a1 reclaims at 350
+    # (victims stop at 380): b1 has 80 s to lose, b2, though it started later, 280 s.
+    jobs = [job("b1", "b", 0, 5000, 4, checkpoint=300), job("b2", "b", 100, 5000, 4, checkpoint=5000),
+            job("a1", "a", 350, 100, 4)]
+    lost = {}
+    for noise in (None, 0.0):
+        run = simulate(quota_file(two_quotas()), jobs, ["quota"], runtime_noise=noise)
+        lost[noise] = figures(run.report, "quota", "b")["lost_gpu_hours"]
+    assert lost[None] == round(4 * 280 / H, 6), "most recently started: b2, 250 s + the 30 s grace"
+    assert lost[0.0] == round(4 * 80 / H, 6), "least lost since its checkpoint: b1, 50 s + 30 s"

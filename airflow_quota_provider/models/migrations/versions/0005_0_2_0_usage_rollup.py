@@ -1,9 +1,9 @@
 """Usage accounting: the daily roll-up that keeps chargeback totals once ``airflow quota db-clean``
 prunes the audit log, and an index on ``quota_event.at`` for reports and pruning by time.
 
-Revision ID: 0004_quota_usage
-Revises: 0003_quota_report
-Create Date: 2027-01-15
+Revision ID: 0005_quota_usage
+Revises: 0004_quota_expected_runtime
+Create Date: 2026-12-03
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_quota_usage"
-down_revision = "0003_quota_report"
+revision = "0005_quota_usage"
+down_revision = "0004_quota_expected_runtime"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,147 @@
+"""What the executor tells the policy about a job's run time: how long it is expected to take, and
+when it last saved its work.
+
+- Expected runtime (``quota_job.expected_runtime_s``, set when the task is queued): the task's
+  ``executor_config["quota"]["expected_runtime_s"]`` (the operators' ``expected_runtime``), else the
+  median of its recent successful durations in Airflow's ``task_instance`` table (per DAG and task
+  id, so the map indexes of a mapped task are pooled), else its ``execution_timeout``, else unknown.
+  Looked up per (dag_id, task_id) at most every :data:`HISTORY_REFRESH_S`: a burst of a thousand
+  mapped tasks costs one query, not a thousand, in the scheduler's cycle.
+- Last checkpoint: the modification time of the newest checkpoint in the task instance's default
+  checkpoint directory on a local or mounted ``[quota] checkpoint_root`` (or the local state dir),
+  when written since the job started, looked at per running job at most every
+  :data:`CHECKPOINT_REFRESH_S`. An object store receives a run's checkpoints only when its command
+  exits, and a ``checkpoint_dir`` given to the operator is rendered on the worker: neither is seen
+  here, and such jobs have no checkpoint for the policy (their lost work counts from their start).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+log = logging.getLogger(__name__)
+
+HISTORY_RUNS = 20
+"""Successful runs of a task the median is taken over (the most recent ones)."""
+HISTORY_REFRESH_S = 300.0
+CHECKPOINT_REFRESH_S = 30.0
+
+
+def expected_runtime(override: Any, durations: Sequence[float], execution_timeout_s: float | None) -> float | None:
+    """The expected runtime of one run, in seconds, from what is known in order of trust: the task's
+    own declaration, its history, its timeout (an upper bound). A declaration that is not a positive
+    number is ignored (the operators validate theirs; a hand-written ``executor_config`` may not)."""
+    if isinstance(override, int | float) and not isinstance(override, bool) and override > 0:
+        return float(override)
+    if durations:
+        return float(statistics.median(durations))
+    return execution_timeout_s
+
+
+class RuntimeHistory:
+    """Per (dag_id, task_id): recent successful durations and the execution timeout, cached."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._known: dict[tuple[str, str], tuple[float, list[float], float | None]] = {}
+
+    def expected(self, dag_id: str, task_id: str, override: Any, *, session: Session) -> float | None:
+        declared = expected_runtime(override, (), None)
+        if declared is not None:
+            return declared
+        key = (dag_id, task_id)
+        known = self._known.get(key)
+        if known is None or self._clock() - known[0] >= HISTORY_REFRESH_S:
+            durations = successful_durations(dag_id, task_id, session=session)
+            timeout = None if durations else execution_timeout_s(dag_id, task_id, session=session)
+            known = self._known[key] = (self._clock(), durations, timeout)
+        return expected_runtime(None, known[1], known[2])
+
+
+def successful_durations(dag_id: str, task_id: str, *, session: Session, limit: int = HISTORY_RUNS) -> list[float]:
+    """The durations of the task's most recent successful task instances (all map indexes)."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.state import TaskInstanceState
+
+    rows = session.scalars(
+        select(TaskInstance.duration)
+        .where(
+            TaskInstance.dag_id == dag_id,
+            TaskInstance.task_id == task_id,
+            TaskInstance.state == TaskInstanceState.SUCCESS,
+            TaskInstance.duration.is_not(None),
+        )
+        .order_by(TaskInstance.end_date.desc())
+        .limit(limit)
+    ).all()
+    return [float(d) for d in rows]
+
+
+def execution_timeout_s(dag_id: str, task_id: str, *, session: Session) -> float | None:
+    """The task's ``execution_timeout`` in its latest serialized DAG, or None (none set, or unknown)."""
+    from airflow.models.serialized_dag import SerializedDagModel
+
+    try:
+        dag = SerializedDagModel.get_dag(dag_id, session=session)
+        timeout = dag.get_task(task_id).execution_timeout if dag is not None else None
+    except Exception:  # best effort: a DAG being re-parsed or a task removed means "unknown"
+        log.debug("No execution_timeout for %s.%s", dag_id, task_id, exc_info=True)
+        return None
+    return timeout.total_seconds() if timeout is not None else None
+
+
+class CheckpointTimes:
+    """When each running job last wrote a checkpoint where this scheduler can see it."""
+
+    def __init__(self, directory_of: Callable[[str, str, str, int], Path | None], clock: Callable[[], float] = time.monotonic) -> None:
+        """``directory_of(dag_id, run_id, task_id, map_index)``: a task instance's checkpoint
+        directory when it is a local path, else None."""
+        self._directory_of = directory_of
+        self._clock = clock
+        self._seen: dict[int, tuple[float, float | None]] = {}
+
+    def last_at(self, job_id: int, ti: tuple[str, str, str, int], started_at: float | None) -> float | None:
+        """The newest checkpoint's time, if written since ``started_at`` (an older one saved nothing
+        of this run)."""
+        seen = self._seen.get(job_id)
+        if seen is None or self._clock() - seen[0] >= CHECKPOINT_REFRESH_S:
+            seen = self._seen[job_id] = (self._clock(), newest_checkpoint_time(self._directory_of(*ti)))
+        at = seen[1]
+        return at if at is not None and started_at is not None and at >= started_at else None
+
+    def forget_all_but(self, job_ids: set[int]) -> None:
+        for job_id in self._seen.keys() - job_ids:
+            del self._seen[job_id]
+
+
+def local_checkpoint_dir(dag_id: str, run_id: str, task_id: str, map_index: int) -> Path | None:
+    """A task instance's default checkpoint directory, when it is on a local or mounted path."""
+    from airflow_quota_provider.operators.training import default_checkpoint_dir
+
+    try:
+        directory = default_checkpoint_dir(dag_id, run_id, task_id, map_index)
+    except ValueError:  # a bad [quota] checkpoint_root: the tasks report it, not the scheduler
+        return None
+    return directory if isinstance(directory, Path) else None
+
+
+def newest_checkpoint_time(directory: Path | None) -> float | None:
+    from airflow_quota_provider.operators.training import latest_checkpoint
+
+    if directory is None:
+        return None
+    try:
+        newest = latest_checkpoint(directory)
+        return newest.stat().st_mtime if newest is not None else None
+    except OSError:
+        return None
