@@ -138,27 +138,14 @@ def _check_int(field_name: str, value: Any, *, minimum: int, allow_none: bool = 
     return value
 
 
-def _grace_seconds(value: Any) -> float | None:
+def _positive_seconds(field_name: str, value: Any) -> float | None:
+    """A duration argument (``grace_period``, ``expected_runtime``) in seconds: > 0, or None."""
     if value is None:
         return None
     if isinstance(value, timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise QuotaTaskArgumentError(
-            "grace_period", f"{value!r} is not a number of seconds > 0, a timedelta or None"
-        )
-    return float(value)
-
-
-def _expected_runtime_seconds(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise QuotaTaskArgumentError(
-            "expected_runtime", f"{value!r} is not a number of seconds > 0, a timedelta or None"
-        )
+        raise QuotaTaskArgumentError(field_name, f"{value!r} is not a number of seconds > 0, a timedelta or None")
     return float(value)
 
 
@@ -188,7 +175,7 @@ def quota_operator_kwargs(
     _check_int("gpus", gpus, minimum=1)
     _check_int("priority", priority, minimum=0)
     _check_int("max_preemptions", max_preemptions, minimum=0, allow_none=True)
-    grace_period_s = _grace_seconds(grace_period)
+    grace_period_s = _positive_seconds("grace_period", grace_period)
     if not isinstance(preemptible, bool):
         raise QuotaTaskArgumentError("preemptible", f"{preemptible!r} is not True or False")
     if executor is not None and (not isinstance(executor, str) or not executor):
@@ -208,7 +195,7 @@ def quota_operator_kwargs(
             )
 
     extras = {"preemptible": preemptible, "max_preemptions": max_preemptions, "grace_period_s": grace_period_s}
-    expected_runtime_s = _expected_runtime_seconds(expected_runtime)
+    expected_runtime_s = _positive_seconds("expected_runtime", expected_runtime)
     if expected_runtime_s is not None:  # else the executor estimates it from the task's history
         extras["expected_runtime_s"] = expected_runtime_s
     executor_config = kwargs.get("executor_config") or {}
@@ -749,9 +736,9 @@ class QuotaTaskMixin:
         self.priority = priority
         self.checkpoint_dir = checkpoint_dir
         self.max_preemptions = max_preemptions
-        self.grace_period = _grace_seconds(grace_period)
+        self.grace_period = _positive_seconds("grace_period", grace_period)
         self.preemptible = preemptible
-        self.expected_runtime = _expected_runtime_seconds(expected_runtime)
+        self.expected_runtime = _positive_seconds("expected_runtime", expected_runtime)
 
     def _start_run(self, context: Context, what: str) -> QuotaRun:
         """
