@@ -117,6 +117,16 @@ def get_provider_info():
                         "example": "s3://ml-checkpoints/airflow",
                         "default": "",
                     },
+                    "estimate_interval_s": {
+                        "description": "How often, at most, the estimated start of every waiting job is "
+                        "forecast (the policy run forward with expected runtimes, in a background thread of "
+                        "the scheduler; shown by `airflow quota jobs|explain`, the REST API and the quota "
+                        "page). 0: never.",
+                        "version_added": "0.2.0",
+                        "type": "float",
+                        "example": "60",
+                        "default": "30",
+                    },
                     "default_quota": {
                         "description": "Quota of a task whose pool is not a quota name and whose "
                         "executor_config has no quota (empty: such a task fails with a clear message).",

@@ -43,7 +43,7 @@ BASELINE = (
      "devices": ["0", "1", "2", "3", "4"]},
     {"case": "team_a_running", "quota": "team-a", "gpus": 2, "priority": 50, "state": "running", "devices": ["5", "6"]},
     {"case": "team_a_pending_blocked", "quota": "team-a", "gpus": 2, "priority": 50, "position": 1,
-     "reason": REASON_BLOCKED, "waited_s": 95},
+     "reason": REASON_BLOCKED, "waited_s": 95, "starts_in_s": 730},
     {"case": "team_a_pending_behind", "quota": "team-a", "gpus": 1, "priority": 20, "position": 2,
      "reason": REASON_BEHIND, "waited_s": 40},
     {"case": "team_b_preempted_earlier", "quota": "team-b", "gpus": 1, "priority": 5, "state": "finished",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import getpass
 import json
+import time
 from typing import Any
 
 from sqlalchemy.exc import OperationalError, ProgrammingError
@@ -22,6 +23,7 @@ from airflow_quota_provider.models.job import (
     preemption_count,
     set_priority as set_job_priority,
 )
+from airflow_quota_provider.simulation.forecast import describe_start
 
 
 def _needs_tables(command):
@@ -159,9 +161,18 @@ def jobs(args) -> None:
             row = job.to_dict()
             row["devices"] = ",".join(devices_of(job.id, session=session))
             row["preemptions"] = preemption_count(job.dag_id, job.run_id, job.task_id, job.map_index, session=session)
+            row["expected_start"] = _expected_start(row)
             rows.append(row)
     _emit(rows, args.output, ["id", "dag_id", "task_id", "map_index", "run_id", "quota", "gpus", "priority",
-                              "state", "host", "devices", "preemptions", "pending_position", "pending_reason"])
+                              "state", "host", "devices", "preemptions", "pending_position", "expected_start",
+                              "pending_reason"])
+
+
+def _expected_start(job: dict[str, Any]) -> str | None:
+    """A waiting job's estimated start in words; None unless it waits."""
+    if job["state"] != JobState.PENDING.value:
+        return None
+    return describe_start(job["estimated_start_at"], time.time())
 
 
 @_needs_tables
@@ -201,6 +212,7 @@ def explain(args) -> None:
     print(f"  quota {info['quota']}, {info['gpus']} GPUs, priority {info['priority']}, state {info['state']}")
     if info["state"] == JobState.PENDING.value:
         print(f"  position {info['pending_position']}: {info['pending_reason']}")
+        print(f"  {_expected_start(info)}")
     if info["devices"]:
         print(f"  devices {','.join(info['devices'])}")
     print(f"  preemptions {info['preemptions']}")

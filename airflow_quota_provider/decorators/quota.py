@@ -2,7 +2,7 @@
 
 Usage::
 
-    @task.quota(quota="team-a", gpus=2, priority=50, grace_period=60)
+    @task.quota(quota="team-a", gpus=2, priority=50, grace_period=60, expected_runtime=timedelta(hours=2))
     def train(quota=None):  # ``quota`` is a QuotaRun (must default to None)
         state = torch.load(quota.resume_from) if quota.resume_from else fresh()
         try:
@@ -228,7 +228,10 @@ def quota_task(python_callable: Callable | None = None, **kwargs: Any) -> TaskDe
 
     Takes the arguments of :class:`~airflow_quota_provider.operators.training.QuotaTrainingOperator`
     except ``command``/``env``/``cwd``, plus ``on_preempt`` (``"raise"`` or ``"flag"``), and the usual
-    ``BaseOperator`` arguments.
+    ``BaseOperator`` arguments. Among them ``expected_runtime`` (seconds or a ``timedelta``): how long
+    one run takes, for the victim search (the least work lost; a run about to end is waited for, not
+    preempted) and the estimated start of waiting jobs; None (default): the median of the task's
+    recent successful durations, else its ``execution_timeout``, else unknown.
     """
     _check_on_preempt(kwargs.get("on_preempt", "raise"))
     return task_decorator_factory(

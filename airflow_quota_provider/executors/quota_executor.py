@@ -47,6 +47,7 @@ from airflow.models.taskinstance import TaskInstance
 from airflow.utils.session import create_session
 from airflow_quota_provider.executors.act import Act
 from airflow_quota_provider.executors.config import LAUNCHERS, MANAGED_POOL, QuotaConfig, QuotaConfigError, discover_devices
+from airflow_quota_provider.executors.estimates import StartEstimates
 from airflow_quota_provider.executors.reconcile import Reconcile
 from airflow_quota_provider.executors.runtimes import CheckpointTimes, RuntimeHistory, local_checkpoint_dir
 from airflow_quota_provider.executors.schedule import Schedule
@@ -104,6 +105,8 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         self._reported: dict[int, float] = {}
         """Job id -> when its report was last sent (:meth:`_report` sends until Airflow acts)."""
         self._load_startup_config()
+        self._estimates = StartEstimates(conf.getfloat("quota", "estimate_interval_s", fallback=30.0), self.log)
+        """Estimated start times, forecast in a background thread from the states decided on."""
 
     @property
     def quota_file(self) -> QuotaFile:
@@ -184,6 +187,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
     def end(self) -> None:
         """Stop scheduling (nothing new starts); running tasks keep running and the next scheduler
         adopts them. Tasks that already ended are reported now."""
+        self._estimates.close()
         if self.launcher is None:
             return
         try:
@@ -289,6 +293,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
                     self._last_schedule = now
                     self._schedule(session)
                     session.flush()
+                    self._estimates.submit(self._states, self._now)
                     # A queue decided by the other scheduler this heartbeat is read from the table.
                     decided_all = all(q.name in self._locked for q in self.quota_file.queues)
                     self._metrics_cursor = emit_metrics(
@@ -296,6 +301,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
                         states=self._states if decided_all else None,
                     )
                     self._gpu_seconds.emit(self.quota_file, session=session, now=db_now(session))
+                self._estimates.write(self._now, session=session)
                 self._keep_queued_alive(session)
                 self._forget_handed_over(session)
         except Exception:

@@ -13,7 +13,7 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _REVISION_HEADS_MAP: dict[str, str] = {
     "0.1.0": "0001_quota",
-    "0.2.0": "0005_quota_usage",
+    "0.2.0": "0006_quota_estimated_start",
 }
 """Provider release -> Alembic head at that release."""
 

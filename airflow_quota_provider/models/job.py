@@ -155,6 +155,9 @@ class QuotaJob(QuotaBase):
     finished_at: Mapped[float | None] = mapped_column(Float)
     pending_reason: Mapped[str | None] = mapped_column(Text)
     pending_position: Mapped[int | None] = mapped_column(Integer)
+    estimated_start_at: Mapped[float | None] = mapped_column(Float)
+    """When a waiting job is expected to start (:mod:`..executors.estimates`); None: unknown, or not
+    forecast yet. Refreshed every few cycles, so read it only while the job is pending."""
     host: Mapped[str | None] = mapped_column(String(255))
     """Where the job runs (or ran last): a GPU host's name."""
     handle: Mapped[str | None] = mapped_column(String(255))
@@ -202,6 +205,7 @@ class QuotaJob(QuotaBase):
             "finished_at": self.finished_at,
             "pending_reason": self.pending_reason,
             "pending_position": self.pending_position,
+            "estimated_start_at": self.estimated_start_at if self.state == JobState.PENDING.value else None,
             "preempted_for": self.preempted_for,
             "message": self.message,
         }

@@ -47,7 +47,7 @@ def _require(job: QuotaJob, change: str, *allowed: JobState) -> None:
 
 
 def _clear_pending(job: QuotaJob) -> None:
-    job.pending_reason = job.pending_position = None
+    job.pending_reason = job.pending_position = job.estimated_start_at = None
 
 
 def _clear_stop(job: QuotaJob) -> None:

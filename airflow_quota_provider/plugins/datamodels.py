@@ -121,6 +121,14 @@ class JobResponse(BaseModel):
     max_preemptions: int | None = Field(description="The job's own preemption limit; null: the quota's.")
     pending_reason: str | None = Field(description="Why the job waits, in words; null unless pending.")
     pending_position: int | None = Field(description="Position in its quota's queue (1 = next); null unless pending.")
+    estimated_start_at: datetime | None = Field(
+        description="When it is expected to start, forecast every few scheduling cycles with expected runtimes "
+        "and no new submissions; null unless pending, or when unknown (a job it waits for has no expected "
+        "runtime, or not forecast yet)."
+    )
+    expected_start: str | None = Field(
+        description='The estimate in words ("expected to start in about 12 min", or why unknown); null unless pending.'
+    )
     preempted_for: str | None = Field(description="Job id this job was told to stop for; null unless stopping.")
     submitted_at: datetime = Field(description="When the executor received the task (kept across preemptions).")
     started_at: datetime | None = Field(description="When the job was last admitted; null while it waits.")

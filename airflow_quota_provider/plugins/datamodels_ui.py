@@ -19,6 +19,7 @@ class PendingJobView(BaseModel):
     priority: int = Field(description="Its priority.")
     position: int | None = Field(description="Position in its quota's queue (1 = next).")
     reason: str = Field(description="Why it waits, in words.")
+    expected_start: str = Field(description='Its estimated start in words ("expected to start in about 12 min").')
     waiting_s: float = Field(description="Seconds since it was submitted.")
     ti_url: str = Field(description="Link to the task instance in the Airflow UI.")
 

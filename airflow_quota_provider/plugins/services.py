@@ -51,6 +51,7 @@ from airflow_quota_provider.plugins.datamodels_ui import (
     QuotaBarView,
 )
 from airflow_quota_provider.policy import PolicyError
+from airflow_quota_provider.simulation.forecast import describe_start
 from airflow_quota_provider.usage import QuotaRow, cohort_rows, pending_jobs, quota_rows
 
 if TYPE_CHECKING:
@@ -247,6 +248,8 @@ def _job_response(
         max_preemptions=job.max_preemptions,
         pending_reason=job.pending_reason if job.state == JobState.PENDING.value else None,
         pending_position=job.pending_position if job.state == JobState.PENDING.value else None,
+        estimated_start_at=_dt(job.estimated_start_at) if job.state == JobState.PENDING.value else None,
+        expected_start=describe_start(job.estimated_start_at, time.time()) if job.state == JobState.PENDING.value else None,
         preempted_for=job.preempted_for,
         submitted_at=_dt(job.submitted_at),
         started_at=_dt(job.started_at),
@@ -392,6 +395,7 @@ def dashboard(quota_file: QuotaFile, quota_path: str, *, session: Session) -> Da
                 priority=job.priority,
                 position=job.pending_position,
                 reason=job.pending_reason or "waiting for the next scheduling cycle",
+                expected_start=describe_start(job.estimated_start_at, now),
                 waiting_s=max(0.0, now - job.submitted_at),
                 ti_url=ti_url(job),
             )

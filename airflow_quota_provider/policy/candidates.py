@@ -79,8 +79,12 @@ class Candidates:
                 for job in self._all_running:
                     self._running.setdefault(job.quota, []).append(job)
             quota, now, jobs = self._quotas[name], self.now, self._running.get(name, ())
-            if self.by_work:
-                entries = [(self.order(job), job) for job in jobs if may_be_preempted(job, quota, now)]
+            if self.by_work:  # self.order(job), without two property look-ups per job
+                entries = [
+                    (victim_order_by_work(job, now, finishes_within_grace(job, quota, now)), job)
+                    for job in jobs
+                    if may_be_preempted(job, quota, now)
+                ]
             else:  # the hottest list of a replay: no call per job beyond today's
                 entries = [(victim_order(job, now), job) for job in jobs if may_be_preempted(job, quota, now)]
             entries.sort(key=entry_key)

@@ -18,8 +18,8 @@ executor does:
   at its original submit time, or fails when the preemption said ``fail``.
 - ``reject``: the job can never run; it is counted and reported, never retried.
 
-With ``runtime_noise`` (not None), every job tells the policy how long its run is expected to take
-(``expected_runtime_s``): the work it has left times a factor drawn once per job,
+With ``runtime_noise`` (not None), every job, waiting or running, tells the policy how long its run
+is expected to take (``expected_runtime_s``): the work it has left times a factor drawn once per job,
 ``exp(N(0, runtime_noise))`` from ``random.Random(runtime_seed)`` (0: exact), to show what
 imperfect estimates cost. Without it no job has an expected runtime, as before.
 
@@ -315,6 +315,8 @@ class Simulator:
         usage = self.usage[job.quota]
         job.status = "pending"
         job.ready_at = now
+        if job.estimate_factor is not None:  # as the executor's waiting jobs carry theirs, for the forecast
+            job.job = replace(job.job, expected_runtime_s=job.remaining * job.estimate_factor)
         job.queue.pending.add(job.job)
         usage.pending_gpus += job.trace.gpus
         usage.pending_jobs += 1

@@ -5,7 +5,7 @@ Each case becomes one job of DAG ``quota_cases``, run ``seeded``, task ``<case>`
 after their case):
 
 ``{"case": str, "quota": str, "gpus": int, "priority": int, "state": "pending"|"running"|"finished",
-"devices": [str], "position": int, "reason": str, "waited_s": float, "preemptions": int,
+"devices": [str], "position": int, "reason": str, "starts_in_s": float, "waited_s": float, "preemptions": int,
 "preempted_by": <case>, "preempt_reason": str, "held": [[from_s_ago, until_s_ago], ...]}``
 
 ``held`` makes a finished job with that history in the audit log: an ``admitted`` and a ``released``
@@ -71,6 +71,8 @@ def seed_into(cases: list[dict], *, session) -> dict[str, int]:
         elif state == "pending":
             job.pending_reason = case.get("reason", "waiting for the next scheduling cycle")
             job.pending_position = case.get("position", 1)
+            if "starts_in_s" in case:
+                job.estimated_start_at = now + case["starts_in_s"]
         else:
             transitions.admit(job, host="local", devices=case.get("devices", []), now=now - 5, session=session)
             if state == "finished":

@@ -100,11 +100,15 @@ def test_jobs_filtered_by_quota_and_state_carry_reason_position_devices_and_link
     assert rows["team_a_pending_behind"]["pending_reason"] == REASON_BEHIND
     assert blocked["ti_url"] == "http://127.0.0.1:18210/dags/quota_cases/runs/seeded/tasks/team_a_pending_blocked"
     assert blocked["started_at"] is None and blocked["submitted_at"]
+    assert blocked["expected_start"] == "expected to start in about 12 min" and blocked["estimated_start_at"]
+    behind = rows["team_a_pending_behind"]  # not forecast yet
+    assert behind["estimated_start_at"] is None and behind["expected_start"].startswith("start time unknown")
 
     status, body = server.request("GET", "/quota/api/jobs?state=running,finished&quota=team-b", user="viewer")
     rows = {j["task_id"]: j for j in body["jobs"]}
     assert rows["team_b_borrower_running"]["devices"] == ["0", "1", "2", "3", "4"]
     assert rows["team_b_borrower_running"]["started_at"] is not None
+    assert rows["team_b_borrower_running"]["expected_start"] is None  # only a waiting job has one
     assert rows["team_b_preempted_earlier"]["preemptions"] == 1
     assert rows["team_b_preempted_earlier"]["devices"] == []
 

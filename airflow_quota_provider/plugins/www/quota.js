@@ -68,6 +68,7 @@ function pendingTable(quota) {
         el("td", { class: "num" }, job.gpus),
         el("td", { class: "num" }, job.priority),
         el("td", { class: "num" }, duration(job.waiting_s)),
+        el("td", { class: "start" }, job.expected_start),
         el("td", { class: "reason" }, job.reason),
       ),
     );
@@ -75,7 +76,7 @@ function pendingTable(quota) {
   return el(
     "table",
     { class: "pending" },
-    el("thead", {}, el("tr", {}, ...["#", "Waiting job", "GPUs", "Priority", "Waiting", "Why it waits"].map((h) => el("th", {}, h)))),
+    el("thead", {}, el("tr", {}, ...["#", "Waiting job", "GPUs", "Priority", "Waiting", "Start", "Why it waits"].map((h) => el("th", {}, h)))),
     body,
   );
 }
