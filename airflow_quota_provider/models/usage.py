@@ -50,7 +50,29 @@ _KINDS = ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost")
 
 def accounting_events(since: float, until: float, *, session: Session) -> list[Event]:
     """The audit events that describe holds overlapping [since, until), oldest first: the window's,
-    and the earlier ones of jobs with an event since ``since`` (a hold open across ``since``)."""
+    the earlier ones of jobs with an event since ``since`` (a hold open across ``since``), and the
+    later ones of jobs not settled by ``until``: how a hold open across ``until`` ends decides
+    whether its work before ``until`` was lost, so that a period's figures do not depend on when it
+    is reported and adjacent periods add up to their union."""
+    events = _events_before(since, until, session=session)
+    last: dict[str, str] = {}
+    for event in events:
+        if event.job is not None:
+            last[event.job] = event.kind
+    unsettled = [int(job) for job, kind in last.items() if kind not in ("stopped", "finished", "evicted")]
+    for start in range(0, len(unsettled), 500):  # bound the statement's parameters
+        rows = session.connection().execute(
+            select(QuotaEvent.at, QuotaEvent.kind, QuotaEvent.job_id, QuotaEvent.quota, QuotaEvent.dag_id,
+                   QuotaEvent.devices)
+            .where(QuotaEvent.kind.in_(list(EVENT_KINDS)), QuotaEvent.at >= until,
+                   QuotaEvent.job_id.in_(unsettled[start : start + 500]))
+            .order_by(QuotaEvent.id)
+        )
+        events += [Event(at, kind, str(job), quota, dag, devices) for at, kind, job, quota, dag, devices in rows]
+    return events
+
+
+def _events_before(since: float, until: float, *, session: Session) -> list[Event]:
     kinds = list(EVENT_KINDS)
     recent = select(QuotaEvent.job_id).where(QuotaEvent.at >= since, QuotaEvent.kind.in_(kinds)).distinct()
     rows = session.connection().execute(

@@ -211,6 +211,7 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
     # moment (order 0), so a hold released as another is admitted never counts both. Period cuts
     # come first of all (quota index -1).
     points: list[tuple[float, int, int, int]] = [(start, -1, -1, -1) for start in starts[1:]]
+    key_of: list[tuple[int, str | None] | None] = [None] * len(holds)  # hold -> its (quota, dag_id) share's key
     for h, hold in enumerate(holds):
         start = hold.start if hold.start > since else since
         end = until if hold.end is None or hold.end > until else hold.end
@@ -218,9 +219,9 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
             q = index[hold.quota]
             points.append((start, 1, q, h))
             points.append((end, 0, q, h))
+            key_of[h] = (q, hold.dag_id)
     points.sort()
     gpus_of = [hold.gpus for hold in holds]
-    dag_of = [hold.dag_id for hold in holds]
 
     used = [0] * n
     last = [since] * n  # when each quota's lazily integrated figures were last brought up to date
@@ -240,18 +241,19 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
     flat = not queue.cohorts
     quotas = queue.quotas
     common = queue.capacity - sum(capacity)
-    offer = [lendable(quota, 0) for quota in quotas]
+    # Each quota's offer at each usage within its capacity (none above it): lendable() once per value.
+    offers = [[lendable(quota, u) for u in range(quota.capacity + 1)] for quota in quotas]
+    offer = [table[0] for table in offers]
     supply = sum(offer)
     lent_clock = 0.0
     lent_last = [0.0] * n
     lent_s = [0.0] * n
     ratio = 0.0
 
-    def settle_lent(q: int) -> None:
+    def advance(q: int, t: float) -> None:
+        """Bring quota ``q``'s figures up to ``t``: lent by the clock (flat queues), used since its last change."""
         lent_s[q] += offer[q] * (lent_clock - lent_last[q])
         lent_last[q] = lent_clock
-
-    def advance(q: int, t: float) -> None:
         span = t - last[q]
         if span > 0:
             u = used[q]
@@ -271,9 +273,9 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
         began, clock_then = opened.pop(h)
         gpus = gpus_of[h]
         share_within = gpus * (clock[q] - clock_then)
-        share = dags.get((q, dag_of[h]))
+        share = dags.get(key_of[h])
         if share is None:
-            share = dags[q, dag_of[h]] = [0.0, 0.0]
+            share = dags[key_of[h]] = [0.0, 0.0]
         share[0] += share_within
         share[1] += gpus * (t - began) - share_within
 
@@ -281,9 +283,8 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
         nonlocal borrowing, dags
         for q in range(n):
             advance(q, t)
-            settle_lent(q)
         for h in list(opened):
-            q = index[holds[h].quota]
+            q = key_of[h][0]
             close_piece(h, q, t)
             opened[h] = (t, clock[q])
         lent = list(lent_s) if flat else _lent_of_states(queue, borrowing, lent_at)
@@ -316,8 +317,7 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
         used[q] = new
         borrowed_total += (new - c if new > c else 0) - (old - c if old > c else 0)
         if flat:
-            settle_lent(q)
-            now_offer = lendable(quotas[q], new)
+            now_offer = offers[q][new] if new < c else 0
             supply += now_offer - offer[q]
             offer[q] = now_offer
             drawn = borrowed_total - common

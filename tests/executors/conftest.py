@@ -45,6 +45,11 @@ queues:
     capacity: 1
     quotas:
       - {name: team-e, capacity: 1, grace_period_s: 3}
+  - name: q-usage
+    capacity: 3
+    quotas:
+      - {name: usage-a, capacity: 1, grace_period_s: 2}
+      - {name: usage-b, capacity: 2, grace_period_s: 2}
 """
 
 QUEUED_TIMEOUT_S = 8
@@ -58,7 +63,7 @@ def airflow(tmp_path_factory) -> AirflowInstance:
         quota_file=QUOTAS,
         dags_folder=DAGS,
         extra_env={
-            "AIRFLOW__QUOTA__VIRTUAL_GPUS": "12",
+            "AIRFLOW__QUOTA__VIRTUAL_GPUS": "15",  # the queues' capacities, in file order,
             "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": str(QUEUED_TIMEOUT_S),
         },
     )

@@ -77,6 +77,17 @@ def test_the_report_charges_the_scripted_history(history):
     assert quota["team-b"]["used_within"] + quota["team-b"]["lent"] + quota["team-b"]["idle"] == 4 * 3 * DAY_S
 
 
+def test_adjacent_periods_add_up_when_a_preemption_ends_a_hold_after_their_boundary(history):
+    """The victim's first hold (1000-2000 s, preempted at 1900 s) is cut at 1950 s: the period before
+    the cut learns from the later events that its 950 s on 2 GPUs were lost too."""
+    cut = DAY0 + 1950
+    whole, before, after = ({r["quota"]: r for r in _all(history, since, until)["quota"]}
+                            for since, until in ((DAY0, DAY0 + DAY_S), (DAY0, cut), (cut, DAY0 + DAY_S)))
+    assert (before["team-b"]["lost"], after["team-b"]["lost"]) == (2 * 950, 2 * 50)
+    for kind in ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost"):
+        assert before["team-b"][kind] + after["team-b"][kind] == whole["team-b"][kind], kind
+
+
 def _summed(series) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for bucket in series:

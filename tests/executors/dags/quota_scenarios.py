@@ -141,3 +141,16 @@ with DAG("escape_high", schedule=None, start_date=START, catchup=False):
         record("start", escaped_pid=pids[0] if pids else None, escaped_state=state)
 
     _preemptor()
+
+# Usage accounting (queue q-usage: usage-a 1 + usage-b 2 GPUs, no common pool, grace 2 s): usage-b
+# borrows usage-a's GPU, usage-a reclaims it, then a within-quota preemption in usage-a. Every task is
+# the checkpointing stub, so each run records its start and end (sigterm or done).
+with DAG("usage_borrow", schedule=None, start_date=START, catchup=False):
+    for i in range(3):
+        train(f"ub{i}", "usage-b", priority=1, steps=12, step_s=1.0)
+
+with DAG("usage_reclaim", schedule=None, start_date=START, catchup=False):
+    train("ua_low", "usage-a", priority=5, steps=8, step_s=1.0)
+
+with DAG("usage_within", schedule=None, start_date=START, catchup=False):
+    train("ua_high", "usage-a", priority=50, steps=3, step_s=1.0)
