@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
 
+from airflow_quota_provider.models.base import quota_metadata
 from tests.integration_support import AirflowInstance, free_port
 
 DAGS = Path(__file__).parent / "dags"
@@ -72,3 +75,31 @@ def airflow(tmp_path_factory) -> AirflowInstance:
         yield instance
     finally:
         instance.stop()
+
+
+class Clock:
+    """A clock the test moves: called, or as a ``time`` module's ``monotonic()``."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def db():
+    """Airflow's tables and the provider's in one in-memory SQLite database (foreign keys not
+    enforced: task instances without their runs)."""
+    from airflow.models import import_all_models
+    from airflow.models.taskinstance import TaskInstance
+
+    import_all_models()
+    engine = create_engine("sqlite://")
+    TaskInstance.metadata.create_all(engine)
+    quota_metadata.create_all(engine)
+    with Session(engine) as session:
+        yield session

@@ -4,34 +4,14 @@ from __future__ import annotations
 
 import logging
 
-import pytest
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
-
 from airflow_quota_provider.executors.estimates import StartEstimates
-from airflow_quota_provider.models.base import quota_metadata
 from airflow_quota_provider.models.job import JobState, QuotaJob
 from airflow_quota_provider.models.transitions import admit
+from tests.executors.conftest import Clock
 from tests.policy.builders import StateBuilder
 
 NOW = 1000.0
 LOG = logging.getLogger(__name__)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def session():
-    engine = create_engine("sqlite://")
-    quota_metadata.create_all(engine)
-    with Session(engine) as s:
-        yield s
 
 
 def _row(session, task_id: str, state: JobState) -> QuotaJob:
@@ -57,40 +37,40 @@ def _estimate(session, job: QuotaJob) -> float | None:
     return session.get(QuotaJob, job.id).estimated_start_at
 
 
-def test_a_forecast_writes_the_waiting_jobs_estimates_and_only_theirs(session):
+def test_a_forecast_writes_the_waiting_jobs_estimates_and_only_theirs(db):
     clock = Clock()
-    running, waiting = _row(session, "running", JobState.RUNNING), _row(session, "waiting", JobState.PENDING)
+    running, waiting = _row(db, "running", JobState.RUNNING), _row(db, "waiting", JobState.PENDING)
     estimates = StartEstimates(30.0, LOG, clock)
     # The running job's id is given as waiting too: a row no longer pending is never written.
     state = _state(running.job_id, waiting.job_id, runtime=400.0)
     assert estimates.submit({"q": state}, NOW)
     estimates.wait(10)
-    assert estimates.write(NOW, session=session) == 1
-    assert _estimate(session, waiting) == 1300.0
-    assert _estimate(session, running) is None
+    assert estimates.write(NOW, session=db) == 1
+    assert _estimate(db, waiting) == 1300.0
+    assert _estimate(db, running) is None
 
 
-def test_forecasts_run_at_most_every_interval_and_rewrite_only_what_moved(session):
+def test_forecasts_run_at_most_every_interval_and_rewrite_only_what_moved(db):
     clock = Clock()
-    waiting = _row(session, "waiting", JobState.PENDING)
+    waiting = _row(db, "waiting", JobState.PENDING)
     estimates = StartEstimates(30.0, LOG, clock)
     state = _state("r", waiting.job_id, runtime=400.0)
     assert estimates.submit({"q": state}, NOW)
     assert not estimates.submit({"q": state}, NOW)  # one at a time
     estimates.wait(10)
-    estimates.write(NOW, session=session)
+    estimates.write(NOW, session=db)
     clock.now = 29.0
     assert not estimates.submit({"q": state}, NOW)  # under the interval
     clock.now = 31.0
     assert estimates.submit({"q": _state("r", waiting.job_id, runtime=410.0)}, NOW)
     estimates.wait(10)
-    assert estimates.write(NOW, session=session) == 0  # 10 s later: within the tolerance
-    assert _estimate(session, waiting) == 1300.0
+    assert estimates.write(NOW, session=db) == 0  # 10 s later: within the tolerance
+    assert _estimate(db, waiting) == 1300.0
     clock.now = 62.0
     assert estimates.submit({"q": _state("r", waiting.job_id, runtime=4000.0)}, NOW)
     estimates.wait(10)
-    assert estimates.write(NOW, session=session) == 1
-    assert 4900.0 <= _estimate(session, waiting) <= 4900.0 + 0.05 * 3900.0  # on the forecast's grid
+    assert estimates.write(NOW, session=db) == 1
+    assert 4900.0 <= _estimate(db, waiting) <= 4900.0 + 0.05 * 3900.0  # on the forecast's grid
 
 
 def test_interval_zero_never_forecasts():
@@ -98,8 +78,8 @@ def test_interval_zero_never_forecasts():
     assert not estimates.submit({"q": _state("r", "w", runtime=400.0)}, NOW)
 
 
-def test_a_job_that_starts_forgets_its_estimate(session):
-    job = _row(session, "waiting", JobState.PENDING)
+def test_a_job_that_starts_forgets_its_estimate(db):
+    job = _row(db, "waiting", JobState.PENDING)
     job.estimated_start_at = 1300.0
-    admit(job, host="h", devices=["0"], now=NOW, session=session)
+    admit(job, host="h", devices=["0"], now=NOW, session=db)
     assert job.estimated_start_at is None and job.to_dict()["estimated_start_at"] is None

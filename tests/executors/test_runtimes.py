@@ -7,8 +7,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import create_engine, insert
-from sqlalchemy.orm import Session
+from sqlalchemy import insert
 
 from airflow_quota_provider.executors.runtimes import (
     CHECKPOINT_REFRESH_S,
@@ -17,6 +16,7 @@ from airflow_quota_provider.executors.runtimes import (
     RuntimeHistory,
     expected_runtime,
 )
+from tests.executors.conftest import Clock
 
 
 @pytest.mark.parametrize(
@@ -35,27 +35,6 @@ def test_expected_runtime(override, durations, timeout, want):
     assert expected_runtime(override, durations, timeout) == want
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def airflow_db():
-    """Airflow's own tables in memory (no foreign keys enforced: task instances without their runs)."""
-    from airflow.models import import_all_models
-    from airflow.models.taskinstance import TaskInstance
-
-    import_all_models()
-    engine = create_engine("sqlite://")
-    TaskInstance.metadata.create_all(engine)
-    with Session(engine) as session:
-        yield session
-
-
 def add_ti(session, task_id: str, state: str, duration: float | None, *, map_index: int = -1, ended: int = 0) -> None:
     from airflow.models.taskinstance import TaskInstance
 
@@ -68,24 +47,24 @@ def add_ti(session, task_id: str, state: str, duration: float | None, *, map_ind
     ))
 
 
-def test_the_history_pools_map_indexes_and_counts_only_successes(airflow_db):
-    add_ti(airflow_db, "fit", "success", 100.0, map_index=0)
-    add_ti(airflow_db, "fit", "success", 300.0, map_index=1)
-    add_ti(airflow_db, "fit", "success", 200.0, map_index=2)
-    add_ti(airflow_db, "fit", "failed", 5.0, map_index=3)
-    add_ti(airflow_db, "other", "success", 9999.0)
-    assert RuntimeHistory().expected("train", "fit", None, session=airflow_db) == 200.0
+def test_the_history_pools_map_indexes_and_counts_only_successes(db):
+    add_ti(db, "fit", "success", 100.0, map_index=0)
+    add_ti(db, "fit", "success", 300.0, map_index=1)
+    add_ti(db, "fit", "success", 200.0, map_index=2)
+    add_ti(db, "fit", "failed", 5.0, map_index=3)
+    add_ti(db, "other", "success", 9999.0)
+    assert RuntimeHistory().expected("train", "fit", None, session=db) == 200.0
 
 
-def test_the_history_is_read_once_per_task_until_it_is_stale(airflow_db):
+def test_the_history_is_read_once_per_task_until_it_is_stale(db):
     clock = Clock()
     history = RuntimeHistory(clock)
-    add_ti(airflow_db, "fit", "success", 100.0)
-    assert history.expected("train", "fit", None, session=airflow_db) == 100.0
-    add_ti(airflow_db, "fit", "success", 300.0, ended=1)
-    assert history.expected("train", "fit", None, session=airflow_db) == 100.0, "cached"
+    add_ti(db, "fit", "success", 100.0)
+    assert history.expected("train", "fit", None, session=db) == 100.0
+    add_ti(db, "fit", "success", 300.0, ended=1)
+    assert history.expected("train", "fit", None, session=db) == 100.0, "cached"
     clock.now = HISTORY_REFRESH_S
-    assert history.expected("train", "fit", None, session=airflow_db) == 200.0
+    assert history.expected("train", "fit", None, session=db) == 200.0
 
 
 def test_a_checkpoint_counts_only_when_written_since_the_job_started(tmp_path):
