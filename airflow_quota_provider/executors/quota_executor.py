@@ -300,7 +300,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
                         self.quota_file, session=session, since_event_id=self._metrics_cursor,
                         states=self._states if decided_all else None,
                     )
-                    self._gpu_seconds.emit(self.quota_file, session=session, now=db_now(session))
+                    self._gpu_seconds.emit(self.quota_file, session=session, now=self._now)
                 self._estimates.write(self._now, session=session)
                 self._keep_queued_alive(session)
                 self._forget_handed_over(session)
