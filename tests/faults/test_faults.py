@@ -148,6 +148,18 @@ def _owned(fleet: Fleet, job_id: int) -> int:
                      job_id)[0]["n"]
 
 
+def _unsettled(fleet: Fleet) -> str:
+    """Every job still holding or waiting, with its launch and its events: what a timeout needs."""
+    lines = []
+    for j in fleet.sql("SELECT j.id, j.dag_id, j.task_id, j.state, j.host, j.handle, j.report, j.forced_at, "
+                       "l.state AS launch, l.worker_pid FROM quota_job j LEFT JOIN quota_launch l ON l.handle = j.handle "
+                       "WHERE j.state NOT IN ('finished', 'failed')"):
+        lines.append(f"job {dict(j)}")
+        lines += [f"  event {e['kind']} at {e['at']:.1f}: {e['message']}"
+                  for e in fleet.sql("SELECT * FROM quota_event WHERE job_id = ? ORDER BY id", j["id"])]
+    return "\n".join(lines)
+
+
 def _admitters(fleet: Fleet) -> set[str]:
     return {e["message"] for e in fleet.events("admitted") if e["message"]}
 
@@ -232,5 +244,7 @@ def test_a_scheduler_clock_30s_ahead_does_not_protect_its_jobs_from_preemption(f
     assert 0 <= job["started_at"] - float(job["queued"]) < 15, dict(job)
     # Reclaimed in the cycle after urgent arrived, not once the skewed start time had passed.
     assert preempted["at"] - submitted["at"] < 12, (dict(preempted), dict(submitted))
-    assert fleet.wait_run("skew_high", high, timeout=240) == "success"
+    assert wait_for(lambda: fleet.sql("SELECT state FROM dag_run WHERE run_id = ? AND state IN ('success', 'failed')", high),
+                    "skew_high to finish", timeout=240, interval=2,
+                    on_timeout=lambda: _unsettled(fleet) + fleet.tail("scheduler"))[0]["state"] == "success"
     assert fleet.tis("skew_low", low)[preempted["task_id"]]["try_number"] == 1, "the preemption used no retry"
