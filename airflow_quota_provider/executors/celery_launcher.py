@@ -73,6 +73,14 @@ class CeleryLauncher:
             raise
         return handle
 
+    def recorded_launch(self, job_id: int, *, since: float, session: Session) -> str | None:
+        return session.scalar(
+            select(QuotaLaunch.handle)
+            .where(QuotaLaunch.job_id == job_id, QuotaLaunch.sent_at >= since, QuotaLaunch.state != _CANCELLED)
+            .order_by(QuotaLaunch.sent_at.desc())
+            .limit(1)
+        )
+
     def status(self, handles: Mapping[str, int], *, session: Session) -> dict[str, Status]:
         """From the launch rows (plain rows: thousands run at once) and the lost hosts."""
         rows = {

@@ -68,6 +68,10 @@ class Launcher(Protocol):
         """Start ``workload`` on ``host`` with ``env`` (``CUDA_VISIBLE_DEVICES`` and ``QUOTA_*``) added
         to the environment; returns the handle."""
 
+    def recorded_launch(self, job_id: int, *, since: float, session: Session) -> str | None:
+        """The handle of the job's launch recorded at or after ``since`` (its admission), if any."""
+        ...
+
     def status(self, handles: Mapping[str, int], *, session: Session) -> dict[str, Status]:
         """Liveness of each handle (``handle -> job id``)."""
 

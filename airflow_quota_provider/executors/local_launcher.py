@@ -123,6 +123,11 @@ class LocalLauncher:
         env = {**env, "QUOTA_PREEMPT_FILE": str(self.preempt_file(job_id))}
         return f"{job_id}:{self.fork(job_id, workload, env)}"
 
+    def recorded_launch(self, job_id: int, *, since: float, session: Session) -> str | None:
+        """Never: a fork is recorded only by the job row (a scheduler that dies between its admission
+        commit and that row leaves the process unknown; its GPUs are handed out again)."""
+        return None
+
     def status(self, handles: Mapping[str, int], *, session: Session) -> dict[str, Status]:
         self.reap()
         out = {}

@@ -279,6 +279,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
                 for step in (
                     self._fail_tasks_on_missing_pools,
                     self._check_hosts,
+                    self._recover_unrecorded_launches,
                     self._watch_launches,
                     self._enforce_deadlines,
                     self._report,

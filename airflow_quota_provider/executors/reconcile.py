@@ -96,6 +96,34 @@ class Reconcile:
             else:
                 self.log.info("GPU fleet matches the quota file")
 
+    def _recover_unrecorded_launches(self: QuotaExecutor, session: Session) -> bool:
+        """Jobs holding GPUs with no launch on their row: their scheduler stopped, or lost the
+        database, between committing the admission and noting the launch. Past ``[quota]
+        launch_start_timeout_s`` such a job takes back the launch its host got, or goes back to its
+        place (a stopping one is settled: nothing of it runs). Without this it held its GPUs for ever."""
+        cutoff = self._now - conf.getfloat("quota", "launch_start_timeout_s", fallback=60.0)
+        jobs = session.scalars(
+            select(QuotaJob)
+            .where(
+                QuotaJob.state.in_(_HOLDING),
+                QuotaJob.handle.is_(None),
+                QuotaJob.queue_name.in_(self._locked),
+                QuotaJob.started_at < cutoff,
+            )
+            .with_for_update()
+        ).all()
+        for job in jobs:
+            handle = self.launcher.recorded_launch(job.id, since=job.started_at, session=session)
+            if handle is not None:
+                transitions.launch_recovered(job, handle)
+            elif job.state == JobState.RUNNING.value:
+                transitions.launch_failed(job, "its scheduler stopped while launching it; launched again", session=session)
+            else:
+                self._settle(job, ti_state(job, session), None, session)
+            self.log.warning("%s had no launch on record after its admission: %s", job.ti_label(),
+                             f"took back launch {handle}" if handle else "undone")
+        return bool(jobs)
+
     def _watch_launches(self: QuotaExecutor, session: Session) -> bool:
         """Settle jobs whose process has ended or whose host is lost: finished, preempted, evicted, or
         past the preemption limit."""

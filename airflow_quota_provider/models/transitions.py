@@ -70,6 +70,12 @@ def launched(job: QuotaJob, handle: str) -> None:
     job.handle = handle
 
 
+def launch_recovered(job: QuotaJob, handle: str) -> None:
+    """A holding job takes back the launch its host got, which its scheduler stopped before noting."""
+    _require(job, "recover the launch of", *_HOLDING)
+    job.handle = handle
+
+
 def launch_failed(job: QuotaJob, message: str, *, session: Session) -> None:
     """running -> pending: the launch failed before a process existed; the devices are freed."""
     _require(job, "undo the launch of", JobState.RUNNING)
