@@ -155,7 +155,9 @@ def get_provider_info():
                     "launch_start_timeout_s": {
                         "description": "A launch that its GPU host has not taken this long after it was "
                         "sent (its message lost, for example with a broker restart) is undone: the job "
-                        "goes back to its place and is launched again; a late delivery is refused.",
+                        "goes back to its place and is launched again; a late delivery is refused. "
+                        "An admission whose launch was never noted (its scheduler stopped meanwhile) is "
+                        "recovered after the same time.",
                         "version_added": "0.2.0",
                         "type": "float",
                         "example": "60",
