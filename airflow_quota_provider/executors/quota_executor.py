@@ -53,7 +53,7 @@ from airflow_quota_provider.executors.runtimes import CheckpointTimes, RuntimeHi
 from airflow_quota_provider.executors.schedule import Schedule
 from airflow_quota_provider.metrics import GpuSecondsMeter, emit_metrics
 from airflow_quota_provider.models import transitions
-from airflow_quota_provider.models.coordination import UNQUEUED, db_now, try_lock
+from airflow_quota_provider.models.coordination import POOLS, UNQUEUED, db_now, lock, try_lock
 from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, record_event
 
 if TYPE_CHECKING:
@@ -401,7 +401,10 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         return True
 
     def _sync_pools(self, session: Session) -> None:
-        """One Airflow pool per quota with unlimited slots: the executor, not the pool, gates tasks."""
+        """One Airflow pool per quota with unlimited slots: the executor, not the pool, gates tasks.
+        Under a lock: a second scheduler starting at the same moment would insert the same pools and
+        die on the unique name (seen in CI: the compose file starts two schedulers at once)."""
+        lock(POOLS, session=session)
         for queue in self.quota_file.queues:
             for quota in queue.quotas:
                 Pool.create_or_update_pool(

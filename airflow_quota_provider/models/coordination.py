@@ -28,6 +28,9 @@ HOSTS = "hosts"
 """The lock of the host checks (marking silent hosts lost), which span job queues."""
 UNQUEUED = "jobs without a job queue"
 """The lock of jobs whose quota no job queue has (they are rejected once, by one scheduler)."""
+POOLS = "quota pools"
+"""The lock of creating and updating the quotas' Airflow pools (two schedulers starting at once would
+both insert the same pool)."""
 LOCK_IDLE_TIMEOUT_S = 60.0
 """A cycle's transaction idle this long (between two statements) is ended by PostgreSQL, and with
 it the locks it holds; a live cycle never idles near this long."""
