@@ -103,3 +103,17 @@ def db():
     quota_metadata.create_all(engine)
     with Session(engine) as session:
         yield session
+
+
+@pytest.fixture
+def executor_for(tmp_path, monkeypatch):
+    """A real QuotaExecutor made in this process over a quota file with the given text."""
+
+    def make(quotas: str):
+        from airflow_quota_provider.executors.quota_executor import QuotaExecutor
+
+        (tmp_path / "quotas.yaml").write_text(quotas)
+        monkeypatch.setenv("AIRFLOW__QUOTA__QUOTA_FILE", str(tmp_path / "quotas.yaml"))
+        return QuotaExecutor()
+
+    return make

@@ -11,7 +11,6 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from airflow.models.pool import Pool
-from airflow_quota_provider.executors.quota_executor import QuotaExecutor
 from tests.fleet_support import _admin
 
 QUOTAS = "queues:\n  - name: q\n    capacity: 4\n    quotas:\n      - {name: team-a, capacity: 2}\n      - {name: team-b, capacity: 2}\n"
@@ -32,10 +31,8 @@ def engine():
     _admin(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
 
 
-def test_two_schedulers_making_the_pools_at_once_both_start(engine, tmp_path, monkeypatch):
-    (tmp_path / "quotas.yaml").write_text(QUOTAS)
-    monkeypatch.setenv("AIRFLOW__QUOTA__QUOTA_FILE", str(tmp_path / "quotas.yaml"))
-    first, second = QuotaExecutor(), QuotaExecutor()
+def test_two_schedulers_making_the_pools_at_once_both_start(engine, executor_for):
+    first, second = executor_for(QUOTAS), executor_for(QUOTAS)
     errors: list[BaseException] = []
     with Session(engine) as one, Session(engine) as other:
         first._sync_pools(one)  # inserted, not committed yet

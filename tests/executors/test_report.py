@@ -26,10 +26,8 @@ QUOTAS = "queues:\n  - name: q\n    capacity: 1\n    quotas:\n      - {name: tea
 
 
 @pytest.fixture
-def executor(tmp_path, monkeypatch) -> QuotaExecutor:
-    (tmp_path / "quotas.yaml").write_text(QUOTAS)
-    monkeypatch.setenv("AIRFLOW__QUOTA__QUOTA_FILE", str(tmp_path / "quotas.yaml"))
-    executor = QuotaExecutor()
+def executor(executor_for) -> QuotaExecutor:
+    executor = executor_for(QUOTAS)
     executor.job_id = SCHEDULER_JOB
     return executor
 

@@ -27,11 +27,9 @@ QUOTAS = "queues:\n  - name: q\n    capacity: 4\n    quotas:\n      - {name: tea
 
 
 @pytest.fixture
-def executor(tmp_path, monkeypatch) -> QuotaExecutor:
-    (tmp_path / "quotas.yaml").write_text(QUOTAS)
-    monkeypatch.setenv("AIRFLOW__QUOTA__QUOTA_FILE", str(tmp_path / "quotas.yaml"))
+def executor(executor_for, monkeypatch) -> QuotaExecutor:
     monkeypatch.setenv("AIRFLOW__QUOTA__LAUNCH_START_TIMEOUT_S", str(TIMEOUT_S))
-    executor = QuotaExecutor()
+    executor = executor_for(QUOTAS)
     executor.launcher = CeleryLauncher(app=object())  # only its launch table is read here
     executor._locked, executor._now = {"q"}, NOW
     return executor
