@@ -6,7 +6,9 @@ when it last saved its work.
   median of its recent successful durations in Airflow's ``task_instance`` table (per DAG and task
   id, so the map indexes of a mapped task are pooled), else its ``execution_timeout``, else unknown.
   Looked up per (dag_id, task_id) at most every :data:`HISTORY_REFRESH_S`: a burst of a thousand
-  mapped tasks costs one query, not a thousand, in the scheduler's cycle.
+  mapped tasks costs one query, not a thousand, in the scheduler's cycle. The timeouts of all a
+  DAG's tasks come from one deserialization of it, as often: per task, a DAG of 400 tasks queued at
+  once was deserialized 400 times, a fifth of the scheduler's CPU (profiled in ``benchmarks/ha.py``).
 - Last checkpoint: the modification time of the newest checkpoint in the task instance's default
   checkpoint directory on a local or mounted ``[quota] checkpoint_root`` (or the local state dir),
   when written since the job started, looked at per running job at most every
@@ -53,19 +55,22 @@ class RuntimeHistory:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._known: dict[tuple[str, str], tuple[float, list[float], float | None]] = {}
+        self._durations: dict[tuple[str, str], tuple[float, list[float]]] = {}
+        self._timeouts: dict[str, tuple[float, dict[str, float | None]]] = {}
 
     def expected(self, dag_id: str, task_id: str, override: Any, *, session: Session) -> float | None:
         declared = expected_runtime(override, (), None)
         if declared is not None:
             return declared
-        key = (dag_id, task_id)
-        known = self._known.get(key)
+        known = self._durations.get((dag_id, task_id))
         if known is None or self._clock() - known[0] >= HISTORY_REFRESH_S:
-            durations = successful_durations(dag_id, task_id, session=session)
-            timeout = None if durations else execution_timeout_s(dag_id, task_id, session=session)
-            known = self._known[key] = (self._clock(), durations, timeout)
-        return expected_runtime(None, known[1], known[2])
+            known = self._durations[dag_id, task_id] = (self._clock(), successful_durations(dag_id, task_id, session=session))
+        if known[1]:
+            return expected_runtime(None, known[1], None)
+        timeouts = self._timeouts.get(dag_id)
+        if timeouts is None or self._clock() - timeouts[0] >= HISTORY_REFRESH_S:
+            timeouts = self._timeouts[dag_id] = (self._clock(), execution_timeouts(dag_id, session=session))
+        return timeouts[1].get(task_id)
 
 
 def successful_durations(dag_id: str, task_id: str, *, session: Session, limit: int = HISTORY_RUNS) -> list[float]:
@@ -87,17 +92,22 @@ def successful_durations(dag_id: str, task_id: str, *, session: Session, limit: 
     return [float(d) for d in rows]
 
 
-def execution_timeout_s(dag_id: str, task_id: str, *, session: Session) -> float | None:
-    """The task's ``execution_timeout`` in its latest serialized DAG, or None (none set, or unknown)."""
+def execution_timeouts(dag_id: str, *, session: Session) -> dict[str, float | None]:
+    """Task id -> its ``execution_timeout`` in seconds (None where none is set), from the DAG's
+    latest serialized version; empty when it cannot be read (best effort: "unknown")."""
     from airflow.models.serialized_dag import SerializedDagModel
 
     try:
         dag = SerializedDagModel.get_dag(dag_id, session=session)
-        timeout = dag.get_task(task_id).execution_timeout if dag is not None else None
-    except Exception:  # best effort: a DAG being re-parsed or a task removed means "unknown"
-        log.debug("No execution_timeout for %s.%s", dag_id, task_id, exc_info=True)
-        return None
-    return timeout.total_seconds() if timeout is not None else None
+    except Exception:  # a DAG being re-parsed or one that no longer deserializes
+        log.debug("No execution_timeout for the tasks of %s", dag_id, exc_info=True)
+        return {}
+    if dag is None:
+        return {}
+    return {
+        task.task_id: task.execution_timeout.total_seconds() if task.execution_timeout is not None else None
+        for task in dag.tasks
+    }
 
 
 class CheckpointTimes:

@@ -86,3 +86,37 @@ def test_a_checkpoint_counts_only_when_written_since_the_job_started(tmp_path):
 
 def test_a_task_without_a_local_checkpoint_directory_has_no_checkpoint_time():
     assert CheckpointTimes(lambda *ti: None).last_at(1, ("d", "r", "t", -1), 0.0) is None
+
+
+def write_serialized_dag(session, *timeouts: tuple[str, timedelta | None]) -> None:
+    """DAG ``train`` with a task per (task_id, execution_timeout), serialized as the dag-processor does."""
+    import pendulum
+
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.models.serialized_dag import SerializedDagModel
+    from airflow.providers.standard.operators.empty import EmptyOperator
+    from airflow.sdk import DAG
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+
+    with DAG("train", schedule=None, start_date=pendulum.datetime(2026, 1, 1)) as dag:
+        for task_id, timeout in timeouts:
+            EmptyOperator(task_id=task_id, execution_timeout=timeout)
+    session.add(DagBundleModel(name="dags-folder"))
+    session.add(DagModel(dag_id="train", bundle_name="dags-folder"))
+    session.flush()
+    SerializedDagModel.write_dag(LazyDeserializedDAG.from_dag(dag), bundle_name="dags-folder", session=session)
+
+
+def test_without_history_the_timeouts_of_all_a_dags_tasks_come_from_one_read_of_it(db):
+    from airflow.models.serialized_dag import SerializedDagModel
+
+    clock = Clock()
+    history = RuntimeHistory(clock)
+    write_serialized_dag(db, ("fit", timedelta(minutes=30)), ("eval", timedelta(minutes=10)), ("plot", None))
+    assert history.expected("train", "fit", None, session=db) == 1800.0
+    db.query(SerializedDagModel).delete()
+    assert history.expected("train", "eval", None, session=db) == 600.0, "the DAG was read once for all its tasks"
+    assert history.expected("train", "plot", None, session=db) is None, "no timeout set"
+    clock.now = HISTORY_REFRESH_S
+    assert history.expected("train", "fit", None, session=db) is None, "read again when stale: the DAG is gone"
