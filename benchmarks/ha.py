@@ -3,7 +3,9 @@ tasks over four quotas, a low-priority DAG that borrows and a high-priority one 
 the same fleet of 3 hosts x 4 virtual GPUs, PostgreSQL and Redis, with one and then with two
 schedulers. Prints, for each: wall time (first admission to last release), decisions per second
 (admissions and preemptions over the wall time), the p50/p95 time from "admitted" to "running"
-(the launch taken by its host), and the over-admissions found by replaying the audit log.
+(the launch taken by its host), the over-admissions found by replaying the audit log, and where the
+CPU went: the machine's busy share and each scheduler's CPU seconds (on a machine the tasks
+saturate, a second scheduler's CPU is taken from them).
 Goal: two schedulers no slower than one; 0 over-admissions. Figures are printed, never asserted.
 
 usage: python benchmarks/ha.py [--tasks 500] [--keep]
@@ -13,6 +15,7 @@ PostgreSQL and Redis must answer on 127.0.0.1 (``source scripts/services`` start
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -25,6 +28,29 @@ sys.path.insert(0, str(ROOT))
 from tests.faults.test_faults import DAGS, GPUS_PER_HOST, HOSTS, QUOTAS, replay_allocations  # noqa: E402
 from tests.fleet_support import running_fleet  # noqa: E402
 from tests.integration_support import free_port, wait_for  # noqa: E402
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / TICK, sum(fields) / TICK
+
+
+def session_cpu(sid: int) -> float:
+    """CPU seconds used so far by the live processes of session ``sid`` and their reaped children."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[3]) == sid:  # fields[0] is field 3 of proc(5), the state
+            total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    return total / TICK
 
 
 def run(root: Path, tasks: int, schedulers: int) -> dict:
@@ -45,12 +71,16 @@ def run(root: Path, tasks: int, schedulers: int) -> dict:
     ) as fleet:
         for n in range(2, schedulers + 1):
             fleet.start_process(f"scheduler-{n}", "scheduler")
+        busy0, total0 = machine_cpu()
+        cpu0 = {name: session_cpu(proc.pid) for name, proc in fleet.procs.items() if name.startswith("scheduler")}
         low = fleet.trigger("ha_low")
         wait_for(lambda: len(fleet.events("admitted")) >= 8, "the fleet to fill", timeout=300)
         high = fleet.trigger("ha_high")
         states = (fleet.wait_run("ha_low", low, timeout=3600), fleet.wait_run("ha_high", high, timeout=3600))
         wait_for(lambda: not fleet.sql("SELECT 1 FROM quota_job WHERE state IN ('running', 'stopping')"),
                  "every job to settle", timeout=300)
+        busy1, total1 = machine_cpu()
+        cpu = {name: session_cpu(fleet.procs[name].pid) - before for name, before in cpu0.items()}
         events = fleet.sql("SELECT kind, at, job_id, message FROM quota_event WHERE kind IN "
                            "('admitted', 'preempted', 'released') ORDER BY id")
         starts = fleet.sql(
@@ -74,6 +104,7 @@ def run(root: Path, tasks: int, schedulers: int) -> dict:
         "states": states, "wall": wall, "decisions": decisions, "rate": decisions / wall,
         "p50": statistics.median(waits), "p95": waits[int(0.95 * (len(waits) - 1))],
         "preempted": sum(e["kind"] == "preempted" for e in events), "over": over, "retries": retries,
+        "busy": (busy1 - busy0) / (total1 - total0), "scheduler_cpu": cpu,
         "deciders": len({e["message"] for e in events if e["kind"] == "admitted" and e["message"]}),
     }
 
@@ -94,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['rate']:.2f}/s, admitted->running p50 {r['p50'] * 1000:.0f} ms p95 {r['p95'] * 1000:.0f} ms, "
                 f"over-admissions {r['over']}, tasks retried or not successful {r['retries']}"
             )
+            print(f"  machine CPU busy {r['busy']:.0%} of {os.cpu_count()} cores; scheduler CPU s: "
+                  + ", ".join(f"{name} {s:.1f}" for name, s in sorted(r["scheduler_cpu"].items())))
         print(f"wall ratio two/one schedulers: {results[2]['wall'] / results[1]['wall']:.3f} (goal <= 1.0)")
     finally:
         if args.keep:
