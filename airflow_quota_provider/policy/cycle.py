@@ -27,6 +27,10 @@ searches for victims on one host like a job that does not fit, or waits, its rea
 fragmentation. The quota arithmetic is the same with and without hosts; without them the queue is
 one implicit host of its capacity and nothing of this applies.
 
+Queueing is Kueue's ``BestEffortFIFO`` (its default; there is no ``StrictFIFO``): a job that can
+neither start nor find victims does not block the jobs behind it in its quota's queue, and a job
+held for its victims keeps the capacity they free.
+
 As many jobs start per cycle as fit. Both passes skip a quota as soon as none of its remaining jobs
 can start or find victims (it is *closed*) until a preemption or a new borrower changes that, so a
 cycle over a :class:`~airflow_quota_provider.policy.backlog.Backlog` costs what it places, not what

@@ -241,8 +241,10 @@ def kueue_baseline(
 ) -> tuple[QuotaFile, list[TraceJob]]:
     """Kueue's baseline shape: each cohort is one job queue of ``quotas_per_group`` quotas.
 
-    Each job set is created one job per ``interval_s`` from time 0, as Kueue's generator does. The
-    grace period is 0 (Kueue evicts at once; its runner's workloads stop immediately).
+    Each job set creates one job every ``interval_s``, the first one interval after time 0: Kueue's
+    generator (``generateWlSet`` in ``test/performance/scheduler/runner/generator/generator.go``) waits
+    ``creationIntervalMs`` before each creation, the first included. The grace period is 0 (Kueue
+    evicts at once; its runner's workloads stop immediately) and a job evicted starts its run over.
     """
     queues = []
     jobs: list[TraceJob] = []
@@ -258,7 +260,7 @@ def kueue_baseline(
             for size, count, interval, runtime, priority, request in KUEUE_BASELINE_SETS:
                 for i in range(count):
                     jobs.append(TraceJob(
-                        id=f"{name}-{size}-{i}", team=name, submit_time_s=round(i * interval, 6),
+                        id=f"{name}-{size}-{i}", team=name, submit_time_s=round((i + 1) * interval, 6),
                         duration_s=runtime, gpus=request, priority=priority, size_class=size,
                     ))
         queues.append(Queue(name=f"cohort-{g}", capacity=capacity * quotas_per_group, quotas=tuple(quotas)))

@@ -78,6 +78,17 @@ ADMISSION = [
         ["first"], [],
         id="equal priority is first come first served",
     ),
+    pytest.param(
+        queue(8).quota("a", 8).run("r1", "a", 4, 9).wait("head", "a", 6, 9, submitted_at=1)
+        .wait("behind", "a", 2, 9, submitted_at=2).build(),
+        ["behind"], [],
+        id="best-effort FIFO: a job behind a head that cannot start starts if it fits",
+    ),
+    pytest.param(
+        queue(8).quota("a", 8).run("r1", "a", 4, 1).wait("head", "a", 8, 9).wait("behind", "a", 2, 5).build(),
+        [], [("r1", "head", "within_quota")],
+        id="best-effort FIFO: a job behind does not take the free capacity a head preempts for",
+    ),
 ]
 
 
