@@ -100,6 +100,8 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         """This cycle's time by the database's clock (:func:`~airflow_quota_provider.models.coordination.db_now`)."""
         self._locked: set[str] = set()
         """The job queues (and :data:`UNQUEUED`) this cycle holds the lock of."""
+        self._missed = False
+        """Whether the other scheduler held some of them this cycle."""
         self._failed_cycles = 0
         self._last_handover_check = 0.0
         self._reported: dict[int, float] = {}
@@ -287,10 +289,12 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
                     self._dirty |= bool(step(session))
                     session.flush()
                 # Decide when something changed, and at least every SCHEDULE_EVERY_S for the rules
-                # that depend on time (min_runtime_s, preemption_delay_s) and priority edits.
+                # that depend on time (min_runtime_s, preemption_delay_s) and priority edits. A
+                # change seen while the other scheduler held a queue (a task it has not read) stays
+                # to decide when this one holds it: the other may have decided before it committed.
                 now = time.monotonic()
-                if self._dirty or now - self._last_schedule >= SCHEDULE_EVERY_S:
-                    self._dirty = False
+                if self._locked and (self._dirty or now - self._last_schedule >= SCHEDULE_EVERY_S):
+                    self._dirty = self._dirty and self._missed
                     self._last_schedule = now
                     self._schedule(session)
                     session.flush()
@@ -321,9 +325,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         self._dirty |= self._reload_quota_file(session)
         self._now = db_now(session)
         self._locked = try_lock([q.name for q in self.quota_file.queues] + [UNQUEUED], session=session)
-        missed = len(self.quota_file.queues) + 1 - len(self._locked)
-        if missed:
-            self._dirty = True  # decide next heartbeat what the other scheduler may not have
+        self._missed = len(self._locked) < len(self.quota_file.queues) + 1
 
     # ----------------------------------------------------------------------------------- helpers
 
