@@ -1,8 +1,10 @@
 """Quota metrics through Airflow's ``Stats`` (StatsD, Datadog or OpenTelemetry, as ``[metrics]`` says).
 
 QuotaExecutor calls :func:`emit_metrics` once per heartbeat. It sets the per-quota gauges from the
-same figures the REST API shows, and turns the audit events written since its last call into counters
-and a wait-time timer, so nothing is counted twice and a restarted scheduler does not re-count history.
+same figures the REST API shows, and turns the audit events written since the last count into counters
+and a wait-time timer. The counters' cursors are shared by the schedulers (:mod:`.models.meter`), so
+with two schedulers nothing is counted twice; the first count ever skips history. A count sent by a
+cycle that then fails to commit is sent again by the next one (counters are at least once).
 Every metric is named with the quota (``quota.gpus_in_use.team-a``, for StatsD, which has no tags) and
 also carries ``quota`` and ``queue`` tags (for Datadog and OTel). ``docs/metrics.md`` lists them.
 
@@ -19,6 +21,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import func, select
 
 from airflow.sdk.observability.stats import Stats, normalize_name_for_stats
+from airflow_quota_provider.models import meter
+from airflow_quota_provider.models.coordination import METRICS, try_lock
 from airflow_quota_provider.models.job import EventKind, QuotaEvent, QuotaJob
 from airflow_quota_provider.models.usage import accounting_events
 from airflow_quota_provider.policy.accounting import KINDS, account, holds_from_events, lost_by_end
@@ -42,26 +46,26 @@ COHORT_GAUGES = ("gpus_in_use", "borrowed", "lent")
 _USAGE_FIELD = {"gpus_in_use": "in_use"}
 
 
-def emit_metrics(
-    quota_file: QuotaFile, *, session: Session, since_event_id: int | None, states: Mapping[str, State] | None = None
-) -> int | None:
-    """Emit the per-quota gauges, and counters for the audit events after ``since_event_id``.
+def emit_metrics(quota_file: QuotaFile, *, session: Session, states: Mapping[str, State] | None = None) -> None:
+    """Emit the per-quota gauges, and counters for the audit events since the last count (unless
+    another scheduler is counting them in this moment: it sends them).
 
     ``states`` (job queue -> the state the executor just decided on) spares reading the jobs again.
-
-    Returns the id of the last event looked at: pass it back as ``since_event_id`` next time. With
-    ``since_event_id=None`` (the first call after a start) history is skipped: only events written
-    from now on are counted. A failure is logged and never raised (metrics must not stop scheduling);
-    the cursor then stays where it was.
+    A failure is logged and never raised (metrics must not stop scheduling); the cursor then stays
+    where it was (a savepoint keeps the caller's transaction usable).
     """
     try:
-        _emit_gauges(quota_file, session=session, states=states)
-        if since_event_id is None:
-            return session.scalar(select(func.max(QuotaEvent.id))) or 0
-        return _emit_event_metrics(quota_file, since_event_id, session=session)
+        with session.begin_nested():
+            _emit_gauges(quota_file, session=session, states=states)
+            if not try_lock([METRICS], session=session):
+                return
+            last = session.scalar(select(func.max(QuotaEvent.id))) or 0
+            since = meter.position(meter.EVENTS, session=session)
+            if since is not None:
+                _emit_event_metrics(quota_file, int(since), last, session=session)
+            meter.move(meter.EVENTS, last, session=session)
     except Exception:
         log.warning("Could not emit quota metrics", exc_info=True)
-        return since_event_id
 
 
 def _name(metric: str, *parts: str) -> str:
@@ -83,10 +87,9 @@ def _emit_gauges(quota_file: QuotaFile, *, session: Session, states: Mapping[str
             Stats.gauge(_name("cohort", gauge, row.cohort.name), value, tags=tags)
 
 
-def _emit_event_metrics(quota_file: QuotaFile, since_event_id: int, *, session: Session) -> int:
+def _emit_event_metrics(quota_file: QuotaFile, since_event_id: int, last: int, *, session: Session) -> None:
     kinds = [EventKind.ADMITTED.value, EventKind.PREEMPTED.value, EventKind.PREEMPTION_LIMIT_REACHED.value,
              EventKind.REJECTED.value]
-    last = session.scalar(select(func.max(QuotaEvent.id))) or since_event_id
     events = session.scalars(
         select(QuotaEvent)
         .where(QuotaEvent.id > since_event_id, QuotaEvent.id <= last, QuotaEvent.kind.in_(kinds))
@@ -107,7 +110,6 @@ def _emit_event_metrics(quota_file: QuotaFile, since_event_id: int, *, session: 
             Stats.incr(_name("preemption_limit_failures", quota), tags=tags)
         else:
             Stats.incr(_name("rejections", quota), tags=tags)
-    return last
 
 
 def _queue(quota_file: QuotaFile, quota: str) -> str:
@@ -139,33 +141,40 @@ class GpuSecondsMeter:
     """Counters ``quota.gpu_seconds.<quota>.<kind>`` (tags ``quota``, ``queue``, ``kind``): the
     GPU-seconds the accounting core charges each quota over the time since the previous call.
 
-    Counters take whole numbers, so each call sends the whole GPU-seconds accrued and carries the
-    fraction to the next: the sum sent stays within one GPU-second of ``airflow quota usage`` over
-    the same time. ``lost`` is counted when the preempted job's GPUs are freed (the report cuts it at
-    period boundaries instead). The first call only starts the clock (history is not counted).
+    The span counted is shared by the schedulers (:data:`~.models.meter.GPU_SECONDS`): each call
+    counts from where the last count of any scheduler ended. Counters take whole numbers, so each
+    call sends the whole GPU-seconds accrued and carries the fraction to its next call: the sum sent
+    stays within one GPU-second per scheduler of ``airflow quota usage`` over the same time.
+    ``lost`` is counted when the preempted job's GPUs are freed (the report cuts it at period
+    boundaries instead). The first count ever only starts the clock (history is not counted).
     """
 
     def __init__(self, every_s: float = 15.0) -> None:
-        self.since: float | None = None
         self.every_s = every_s
         """Send at most this often: each call reads the events of every job holding GPUs, too much
         for every scheduling cycle of a large fleet (counters need no finer grain)."""
         self._carry: dict[tuple[str, str], float] = {}
 
     def emit(self, quota_file: QuotaFile, *, session: Session, now: float) -> None:
-        """Send the counters for [previous call, ``now``); a failure is logged, never raised, and
-        the same span is tried again next time."""
-        if self.since is None:
-            self.since = now
-        if now - self.since < self.every_s or now <= self.since:
-            return
+        """Send the counters for [the last count's end, ``now``) unless another scheduler is counting;
+        a failure is logged, never raised, and the same span is tried again next time."""
         try:
-            holds = holds_from_events(accounting_events(self.since, now, session=session))
-            result = account(quota_file.queues, holds, [(self.since, now)])
-            lost = lost_by_end(holds, self.since, now)
+            with session.begin_nested():
+                if not try_lock([METRICS], session=session):
+                    return
+                since = meter.position(meter.GPU_SECONDS, session=session)
+                if since is not None and (now - since < self.every_s or now <= since):
+                    return
+                if since is not None:
+                    self._send(quota_file, since, now, session=session)
+                meter.move(meter.GPU_SECONDS, now, session=session)
         except Exception:
             log.warning("Could not count quota GPU-seconds", exc_info=True)
-            return
+
+    def _send(self, quota_file: QuotaFile, since: float, now: float, *, session: Session) -> None:
+        holds = holds_from_events(accounting_events(since, now, session=session))
+        result = account(quota_file.queues, holds, [(since, now)])
+        lost = lost_by_end(holds, since, now)
         for (_, quota), figures in result.quotas.items():
             tags = {"quota": quota, "queue": _queue(quota_file, quota)}
             for kind in KINDS:
@@ -173,4 +182,3 @@ class GpuSecondsMeter:
                 whole, self._carry[quota, kind] = divmod(self._carry.get((quota, kind), 0.0) + seconds, 1.0)
                 if whole:
                     Stats.incr(_name("gpu_seconds", quota, kind), count=int(whole), tags={**tags, "kind": kind})
-        self.since = now

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import socket
 
 import pytest
@@ -10,7 +11,8 @@ from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
 from airflow.sdk.observability import stats
-from airflow_quota_provider.metrics import emit_metrics
+from airflow_quota_provider.metrics import GpuSecondsMeter, emit_metrics
+from airflow_quota_provider.models.meter import EVENTS, QuotaMeter, position
 from airflow_quota_provider.models.base import quota_metadata
 from airflow_quota_provider.models.job import EventKind, QuotaEvent, QuotaJob, record_event
 from airflow_quota_provider.policy import parse_quota_file
@@ -65,7 +67,7 @@ def quota_file():
 def test_gauges_per_quota_reach_statsd_and_history_is_not_counted(statsd, session, quota_file):
     seed_into(list(BASELINE), session=session)
 
-    cursor = emit_metrics(quota_file, session=session, since_event_id=None)
+    emit_metrics(quota_file, session=session)
 
     lines = statsd()
     for line in (
@@ -80,12 +82,12 @@ def test_gauges_per_quota_reach_statsd_and_history_is_not_counted(statsd, sessio
     ):
         assert line in lines
     assert not [x for x in lines if x.startswith("airflow.quota.admissions.")]  # seeded admissions are history
-    assert cursor == session.scalar(select(func.max(QuotaEvent.id))) > 0
+    assert position(EVENTS, session=session) == session.scalar(select(func.max(QuotaEvent.id))) > 0
 
 
 def test_events_since_the_cursor_become_counters_and_a_wait_timer_once(statsd, session, quota_file):
     ids = seed_into([{"case": "metrics_waiter", "quota": "team-a", "gpus": 1, "waited_s": 30.0}], session=session)
-    cursor = emit_metrics(quota_file, session=session, since_event_id=None)
+    emit_metrics(quota_file, session=session)
     statsd()
 
     waiter = session.get(QuotaJob, ids["metrics_waiter"])
@@ -95,7 +97,7 @@ def test_events_since_the_cursor_become_counters_and_a_wait_timer_once(statsd, s
     record_event(EventKind.PREEMPTION_LIMIT_REACHED, session=session, message="past max_preemptions 0", **fields)
     session.flush()
 
-    cursor = emit_metrics(quota_file, session=session, since_event_id=cursor)
+    emit_metrics(quota_file, session=session)
     lines = statsd()
     assert "airflow.quota.admissions.team-a:1|c" in lines
     assert "airflow.quota.preemptions.team-b.reclaim:1|c" in lines
@@ -104,15 +106,16 @@ def test_events_since_the_cursor_become_counters_and_a_wait_timer_once(statsd, s
     waited_ms = float(timer.split(":")[1].split("|")[0])
     assert timer.endswith("|ms") and 30_000 <= waited_ms < 30_000 + 60_000
 
-    assert emit_metrics(quota_file, session=session, since_event_id=cursor) == cursor
+    emit_metrics(quota_file, session=session)
     again = statsd()
     assert not [x for x in again if "|c" in x or "|ms" in x]
     assert "airflow.quota.pending_jobs.team-a:1|g" in again  # gauges every call
 
 
-def test_a_failure_is_logged_not_raised_and_keeps_the_cursor(statsd, quota_file, tmp_path):
+def test_a_failure_is_logged_not_raised(statsd, quota_file, tmp_path):
     broken = Session(create_engine(f"sqlite:///{tmp_path / 'empty.db'}"))  # no quota tables
-    assert emit_metrics(quota_file, session=broken, since_event_id=7) == 7
+    emit_metrics(quota_file, session=broken)
+    GpuSecondsMeter(every_s=0).emit(quota_file, session=broken, now=1.0)
     broken.close()
     assert statsd() == []
 
@@ -125,7 +128,7 @@ def test_each_cohort_gets_gauges_of_its_subtree(statsd, session):
         quota["cohort"] = "ml"
     seed_into(list(BASELINE), session=session)
 
-    emit_metrics(parse_quota_file(data), session=session, since_event_id=None)
+    emit_metrics(parse_quota_file(data), session=session)
 
     lines = statsd()
     for line in ("airflow.quota.cohort.gpus_in_use.ml:7|g", "airflow.quota.cohort.borrowed.ml:0|g",
@@ -147,7 +150,6 @@ def _counts(lines: list[str], metric: str) -> dict[str, int]:
 def test_gpu_seconds_per_quota_and_kind_add_up_to_the_usage_report(statsd, session, quota_file):
     """team-b borrows 1 GPU of team-a's; a team-a job is preempted after 40 s without a checkpoint.
     The first window ends a quarter into a second: the fractions carried over make whole seconds."""
-    from airflow_quota_provider.metrics import GpuSecondsMeter
     from airflow_quota_provider.usage_report import usage_report
 
     t0 = 1_000_000.0
@@ -181,9 +183,62 @@ def test_gpu_seconds_per_quota_and_kind_add_up_to_the_usage_report(statsd, sessi
     assert second["team-b.borrowed"] == 1  # 0.25 carried + 0.75
 
     # At most every ``every_s``: a call sooner sends nothing, and the next one covers its span.
+    session.query(QuotaMeter).delete()
     paced = GpuSecondsMeter(every_s=15)
     paced.emit(quota_file, session=session, now=t0)
     paced.emit(quota_file, session=session, now=t0 + 10)
     assert _counts(statsd(), "gpu_seconds") == {}
     paced.emit(quota_file, session=session, now=t0 + 20)
     assert _counts(statsd(), "gpu_seconds")["team-b.used_within"] == 4 * 10  # admitted at t0 + 10
+
+
+def test_two_schedulers_count_each_gpu_second_once(statsd, session, quota_file):
+    """Each scheduler has a meter; the span counted is shared, so the second one's call at the same
+    moment sends nothing (each used to count [t0, t0 + 100) itself)."""
+    t0 = 1_000_000.0
+    job = QuotaJob(dag_id="d", run_id="r", task_id="t", quota="team-a", gpus=2, priority=0, state="running",
+                   submitted_at=t0)
+    session.add(job)
+    session.flush()
+    session.add(QuotaEvent(at=t0, kind="admitted", job_id=job.id, dag_id="d", quota="team-a", devices="0,1"))
+    one, other = GpuSecondsMeter(every_s=0), GpuSecondsMeter(every_s=0)
+    one.emit(quota_file, session=session, now=t0)
+    other.emit(quota_file, session=session, now=t0)
+    one.emit(quota_file, session=session, now=t0 + 100)
+    other.emit(quota_file, session=session, now=t0 + 100)
+    other.emit(quota_file, session=session, now=t0 + 150)
+    assert _counts(statsd(), "gpu_seconds")["team-a.used_within"] == 2 * 150
+
+
+@pytest.fixture
+def postgres():
+    from tests.fleet_support import _admin
+
+    database = f"quota_metrics_{secrets.token_hex(4)}"
+    _admin(f"CREATE DATABASE {database}")
+    engine = create_engine(f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}")
+    quota_metadata.create_all(engine)
+    yield engine
+    engine.dispose()
+    _admin(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+
+
+def test_a_scheduler_counting_events_makes_the_other_skip_them_on_postgresql(statsd, postgres, quota_file):
+    """Two schedulers' cycles at once on real PostgreSQL: the one that takes the metrics lock counts
+    the admission; the other sends no counter, then or after the first commits."""
+    with Session(postgres) as setup:
+        emit_metrics(quota_file, session=setup)  # the first count ever: history skipped
+        job = QuotaJob(dag_id="d", run_id="r", task_id="t", quota="team-a", gpus=1, priority=0, state="running",
+                       submitted_at=0.0)
+        setup.add(job)
+        setup.flush()
+        record_event(EventKind.ADMITTED, job=job, session=setup, devices="0")
+        setup.commit()
+    statsd()
+    with Session(postgres) as one, Session(postgres) as other:
+        emit_metrics(quota_file, session=one)
+        emit_metrics(quota_file, session=other)  # the lock is taken: skipped
+        one.commit()
+        emit_metrics(quota_file, session=other)  # the cursor has moved past the admission
+        other.commit()
+    assert [x for x in statsd() if x.startswith("airflow.quota.admissions.")] == ["airflow.quota.admissions.team-a:1|c"]

@@ -94,7 +94,6 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         """Job queue -> its waiting jobs in queue order, kept between cycles."""
         self._states: dict[str, State] = {}
         """Job queue -> the state of the last scheduling cycle (for the metrics)."""
-        self._metrics_cursor: int | None = None
         self._gpu_seconds = GpuSecondsMeter()
         self._now = time.time()
         """This cycle's time by the database's clock (:func:`~airflow_quota_provider.models.coordination.db_now`)."""
@@ -301,10 +300,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
                     self._estimates.submit(self._states, self._now)
                     # A queue decided by the other scheduler this heartbeat is read from the table.
                     decided_all = all(q.name in self._locked for q in self.quota_file.queues)
-                    self._metrics_cursor = emit_metrics(
-                        self.quota_file, session=session, since_event_id=self._metrics_cursor,
-                        states=self._states if decided_all else None,
-                    )
+                    emit_metrics(self.quota_file, session=session, states=self._states if decided_all else None)
                     self._gpu_seconds.emit(self.quota_file, session=session, now=self._now)
                 self._estimates.write(self._now, session=session)
                 self._keep_queued_alive(session)

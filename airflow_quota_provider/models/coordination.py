@@ -31,6 +31,8 @@ UNQUEUED = "jobs without a job queue"
 POOLS = "quota pools"
 """The lock of creating and updating the quotas' Airflow pools (two schedulers starting at once would
 both insert the same pool)."""
+METRICS = "quota metrics"
+"""The lock of the metrics' shared cursors (:mod:`.meter`): one scheduler sends each count."""
 LOCK_IDLE_TIMEOUT_S = 60.0
 """A cycle's transaction idle this long (between two statements) is ended by PostgreSQL, and with
 it the locks it holds; a live cycle never idles near this long."""

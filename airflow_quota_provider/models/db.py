@@ -6,21 +6,21 @@ import os
 
 from airflow.utils.db_manager import BaseDBManager
 
-from airflow_quota_provider.models import host as _host, job as _job, usage as _usage  # noqa: F401  (registers the tables)
+from airflow_quota_provider.models import host as _host, job as _job, meter as _meter, usage as _usage  # noqa: F401  (registers the tables)
 from airflow_quota_provider.models.base import quota_metadata
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _REVISION_HEADS_MAP: dict[str, str] = {
     "0.1.0": "0001_quota",
-    "0.2.0": "0006_quota_estimated_start",
+    "0.2.0": "0007_quota_meter",
 }
 """Provider release -> Alembic head at that release."""
 
 
 class QuotaDBManager(BaseDBManager):
     """Creates and migrates ``quota_job``, ``quota_device_allocation``, ``quota_event``,
-    ``quota_preemption_count``, ``quota_host``, ``quota_launch`` and ``quota_usage_daily``; its Alembic version lives in
+    ``quota_preemption_count``, ``quota_host``, ``quota_launch``, ``quota_usage_daily`` and ``quota_meter``; its Alembic version lives in
     ``alembic_version_quota``."""
 
     metadata = quota_metadata
