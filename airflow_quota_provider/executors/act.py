@@ -12,6 +12,7 @@ from airflow.utils.state import TaskInstanceState
 from airflow_quota_provider.executors.task_instances import fail_ti, ti_state
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, allocated_devices, devices_of, preemption_count, record_event
+from airflow_quota_provider.policy.preemption_policy import grace_period_of
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -71,8 +72,7 @@ class Act:
     def _preempt(self: QuotaExecutor, job: QuotaJob, preemption: Preemption, cycle: QueueCycle, now: float, session: Session) -> None:
         """Tell a running job to stop: deliver its notice; the deadline is its grace period."""
         quota = cycle.queue.quota(job.quota)
-        grace = job.grace_period_s if job.grace_period_s is not None else quota.grace_period_s
-        deadline = now + float(grace)
+        deadline = now + float(grace_period_of(job, quota))
         transitions.begin_stop(
             job, preemptor=preemption.for_, reason=preemption.reason, deadline=deadline,
             fail_message=preemption.message if preemption.fail else None, session=session,
@@ -140,7 +140,7 @@ class Act:
             workload = workloads.ExecuteTask.model_validate_json(job.workload or "")
             workload.token = workloads.ExecuteTask.generate_token(str(workload.ti.id), self.jwt_generator)
             quota = self.quota_file.quota(job.quota)
-            grace = job.grace_period_s if job.grace_period_s is not None else quota.grace_period_s
+            grace = grace_period_of(job, quota)
             env = {
                 "CUDA_VISIBLE_DEVICES": ",".join(devices_of(job.id, session=session)),
                 "QUOTA_JOB_ID": job.job_id,

@@ -281,6 +281,7 @@ class ActiveJob(NamedTuple):
     preempted_for: str | None
     host: str | None
     expected_runtime_s: float | None
+    grace_period_s: float | None
     queued: bool
     """Whether Airflow has queued the job's task (a revoked or preempted one keeps its place without)."""
     pending_reason: str | None
@@ -326,6 +327,7 @@ def policy_job(
         preemptions=preemptions,
         last_checkpoint_at=last_checkpoint_at if holding else None,
         expected_runtime_s=job.expected_runtime_s,
+        grace_period_s=job.grace_period_s,
         preempted_for=job.preempted_for if job.state == _STOPPING else None,
         host=job.host if placed and holding else None,
     )

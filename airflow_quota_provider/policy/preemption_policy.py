@@ -70,6 +70,12 @@ def may_preempt(job: Job, quota: Quota, now: float) -> bool:
     return now - job.submitted_at >= quota.preemption_delay_s
 
 
+def grace_period_of(job: Job, quota: Quota) -> float:
+    """How long the job may take to stop once preempted: its own grace period, else its quota's (for
+    the policy's jobs and the executor's rows alike)."""
+    return job.grace_period_s if job.grace_period_s is not None else quota.grace_period_s
+
+
 def finishes_within_grace(job: Job, quota: Quota, now: float) -> bool:
     """A running job expected to end on its own before a preemption's grace period would: stopping it
     frees its GPUs no sooner and loses its work, so the search waits for it instead.
@@ -80,4 +86,4 @@ def finishes_within_grace(job: Job, quota: Quota, now: float) -> bool:
     if job.expected_runtime_s is None or job.started_at is None:
         return False
     end = job.started_at + job.expected_runtime_s
-    return now < end <= now + quota.grace_period_s
+    return now < end <= now + grace_period_of(job, quota)

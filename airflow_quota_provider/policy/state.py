@@ -45,6 +45,8 @@ class Job:
     """How often it has been preempted so far."""
     min_runtime_s: float | None = None
     """Least run time before it may be preempted; None takes the quota's."""
+    grace_period_s: float | None = None
+    """How long it may take to stop once preempted (the task's own); None takes the quota's."""
     last_checkpoint_at: float | None = None
     """When a running job last saved its work in this run; None: not since it started (or unknown)."""
     expected_runtime_s: float | None = None
@@ -171,6 +173,7 @@ def _parse_job(
         max_preemptions=fields.int("max_preemptions", None, nullable=True),
         preemptions=fields.int("preemptions", 0),
         min_runtime_s=fields.number("min_runtime_s", None, nullable=True),
+        grace_period_s=fields.number("grace_period_s", None, nullable=True),
         last_checkpoint_at=fields.number("last_checkpoint_at", None, minimum=None, nullable=True),
         expected_runtime_s=fields.number("expected_runtime_s", None, nullable=True),
         preempted_for=fields.str("preempted_for", None) if running else None,

@@ -43,6 +43,7 @@ from airflow_quota_provider.policy import Host, Job, Queue, QuotaFile, State, de
 from airflow_quota_provider.policy.accounting import Hold, lost_span, within
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.capacity import CohortTree
+from airflow_quota_provider.policy.preemption_policy import grace_period_of
 from airflow_quota_provider.simulation.policies import PolicySetup
 from airflow_quota_provider.simulation.workload import InputError, TraceJob
 
@@ -407,7 +408,7 @@ class Simulator:
             job.stop_fail = bool(preemption.fail)
             job.message = preemption.message if preemption.fail else ""
             self.usage[job.quota].preemptions += 1
-            grace = run.queue.quota(job.job.quota).grace_period_s
+            grace = grace_period_of(job.job, run.queue.quota(job.job.quota))
             self.env.schedule(now + grace, STOP, self._stop, job, job.attempt)
         for job_id in decision.admit:
             job = self._pending_job(run, job_id, "admit")

@@ -29,6 +29,7 @@ from dataclasses import replace
 
 from airflow_quota_provider.policy import Job, State, decide
 from airflow_quota_provider.policy.backlog import Backlog
+from airflow_quota_provider.policy.preemption_policy import grace_period_of
 from airflow_quota_provider.simulation.engine import Environment
 
 # Event priorities at one moment, as in the replay: GPUs are freed before the policy decides.
@@ -88,7 +89,7 @@ class Forecast:
             end = _expected_end(job, now)
             stops = False  # a victim still stopping waits again, unless it ends on its own first
             if job.preempted_for is not None:
-                grace_end = now + self.quotas[job.quota].grace_period_s
+                grace_end = now + grace_period_of(job, self.quotas[job.quota])
                 stops = end is None or grace_end < end
                 end = grace_end if stops else end
             if end is not None:
@@ -143,7 +144,7 @@ class Forecast:
         for preemption in decision.preempt:
             victim = self.running[preemption.id] = replace(self.running[preemption.id], preempted_for=preemption.for_)
             attempt = self.attempt[victim.id] = next(self.attempts)
-            grace = self.quotas[victim.quota].grace_period_s
+            grace = grace_period_of(victim, self.quotas[victim.quota])
             self._at(now + grace, _FREE, self._free, victim.id, attempt, not preemption.fail)
         for job_id in decision.admit:
             job = replace(self.backlog.remove(job_id), started_at=now, host=decision.hosts.get(job_id))

@@ -47,6 +47,18 @@ RUNTIMES = [
         id="reclaim still meets the grace bound when a victim is long",
     ),
     pytest.param(
+        queue(8).quota("a", 4).quota("b", 4).run("b1", "b", 8, 5, grace_period_s=30.0, **ABOUT_TO_FINISH)
+        .wait("a1", "a", 4, 1).build(),
+        [], ["b1"], {},
+        id="a victim is spared only if it finishes within its own grace period, not its quota's",
+    ),
+    pytest.param(
+        queue(8).quota("a", 4).quota("b", 4, grace_period_s=30.0).run("b1", "b", 8, 5, grace_period_s=60.0, **ABOUT_TO_FINISH)
+        .wait("a1", "a", 4, 1).build(),
+        [], [], {"a1": ["b1"]},
+        id="a victim whose own grace period is longer than its quota's is spared within it",
+    ),
+    pytest.param(
         queue(8).quota("a", 4).quota("b", 4).run("b1", "b", 2, 5, **ABOUT_TO_FINISH).run("b2", "b", 2, 5, **LONG)
         .run("b3", "b", 4, 5, started_at=0.0, expected_runtime_s=20_000.0).wait("a1", "a", 4, 1).build(),
         [], ["b2"], {"a1": ["b1"]},
@@ -168,7 +180,8 @@ def test_a_job_about_to_finish_is_never_preempted_and_capacity_holds_once_the_aw
     assert len(awaited) == len(set(awaited)), "a job is waited for by one preemptor at most"
     for job_id in [p.id for p in decision.preempt] + awaited:
         job = by_id[job_id]
-        finishing = job.expected_runtime_s is not None and NOW < job.started_at + job.expected_runtime_s <= NOW + quotas[job.quota].grace_period_s
+        finishing = job.expected_runtime_s is not None and NOW < job.started_at + job.expected_runtime_s <= NOW + (
+            job.grace_period_s if job.grace_period_s is not None else quotas[job.quota].grace_period_s)
         assert finishing == (job_id in awaited), job
     end = logical_end(runtimes, decision)
     for job_id in awaited:
