@@ -72,7 +72,8 @@ class Act:
     def _preempt(self: QuotaExecutor, job: QuotaJob, preemption: Preemption, cycle: QueueCycle, now: float, session: Session) -> None:
         """Tell a running job to stop: deliver its notice; the deadline is its grace period."""
         quota = cycle.queue.quota(job.quota)
-        deadline = now + float(grace_period_of(job, quota))
+        grace = grace_period_of(job, quota)
+        deadline = now + float(grace)
         transitions.begin_stop(
             job, preemptor=preemption.for_, reason=preemption.reason, deadline=deadline,
             fail_message=preemption.message if preemption.fail else None, session=session,
