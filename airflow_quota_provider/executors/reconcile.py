@@ -177,7 +177,9 @@ class Reconcile:
                 set_ti_state(job, TaskInstanceState.UP_FOR_RESCHEDULE, from_states=[TaskInstanceState.RUNNING], session=session)
                 state = TaskInstanceState.UP_FOR_RESCHEDULE
             requeued = state == TaskInstanceState.QUEUED and bool(job.workload)
-            transitions.settle_stopped(job, requeued=requeued, session=session)
+            ti = (job.dag_id, job.run_id, job.task_id, job.map_index)
+            saved = self._checkpoints.last_at(job.id, ti, job.started_at, fresh=True)
+            transitions.settle_stopped(job, requeued=requeued, checkpoint_at=saved, session=session)
         else:
             transitions.finish(job, ended or "process killed", killed=ended is None, now=self._now, session=session)
 

@@ -120,11 +120,13 @@ class CheckpointTimes:
         self._clock = clock
         self._seen: dict[int, tuple[float, float | None]] = {}
 
-    def last_at(self, job_id: int, ti: tuple[str, str, str, int], started_at: float | None) -> float | None:
+    def last_at(
+        self, job_id: int, ti: tuple[str, str, str, int], started_at: float | None, *, fresh: bool = False
+    ) -> float | None:
         """The newest checkpoint's time, if written since ``started_at`` (an older one saved nothing
-        of this run)."""
+        of this run); ``fresh``: looked at now (a run that has just ended saved its last one)."""
         seen = self._seen.get(job_id)
-        if seen is None or self._clock() - seen[0] >= CHECKPOINT_REFRESH_S:
+        if fresh or seen is None or self._clock() - seen[0] >= CHECKPOINT_REFRESH_S:
             seen = self._seen[job_id] = (self._clock(), newest_checkpoint_time(self._directory_of(*ti)))
         at = seen[1]
         return at if at is not None and started_at is not None and at >= started_at else None

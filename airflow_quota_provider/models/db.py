@@ -13,7 +13,7 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _REVISION_HEADS_MAP: dict[str, str] = {
     "0.1.0": "0001_quota",
-    "0.2.0": "0007_quota_meter",
+    "0.2.0": "0008_quota_event_checkpoint",
 }
 """Provider release -> Alembic head at that release."""
 

@@ -243,6 +243,9 @@ class QuotaEvent(QuotaBase):
     host: Mapped[str | None] = mapped_column(String(255))
     devices: Mapped[str | None] = mapped_column(String(512))
     message: Mapped[str | None] = mapped_column(Text)
+    checkpoint_at: Mapped[float | None] = mapped_column(Float)
+    """On ``stopped``: when the preempted run last saved its work (its lost work starts there), where
+    the scheduler could see its checkpoints; None: no checkpoint in that run, or none visible."""
 
     def to_dict(self) -> dict[str, Any]:
         return {c.name: getattr(self, c.name) for c in self.__table__.columns}

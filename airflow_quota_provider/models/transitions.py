@@ -128,8 +128,9 @@ def force_stop(job: QuotaJob, *, target: str, now: float, session: Session) -> N
     )
 
 
-def settle_stopped(job: QuotaJob, *, requeued: bool, session: Session) -> int:
+def settle_stopped(job: QuotaJob, *, requeued: bool, checkpoint_at: float | None = None, session: Session) -> int:
     """stopping -> pending (Airflow has queued it again) or preempted (not yet): its process is gone.
+    ``checkpoint_at``: when the run last saved its work (for the work lost, in usage accounting).
 
     Counts the preemption and returns the new count; the job keeps its ``submitted_at`` (its place).
     """
@@ -139,6 +140,7 @@ def settle_stopped(job: QuotaJob, *, requeued: bool, session: Session) -> int:
     record_event(
         EventKind.STOPPED, job=job, session=session, victim=job.job_id, preemptor=job.preempted_for,
         reason=job.preempt_reason, host=job.host, message=f"preemption {count}; waits at its original place",
+        checkpoint_at=checkpoint_at,
     )
     _back_in_line(job, requeued, f"preempted ({job.preempt_reason}); waiting to be queued again")
     return count

@@ -46,6 +46,9 @@ class QuotaUsageDaily(QuotaBase):
 
 
 _KINDS = ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost")
+_EVENT_COLUMNS = (QuotaEvent.at, QuotaEvent.kind, QuotaEvent.job_id, QuotaEvent.quota, QuotaEvent.dag_id,
+                  QuotaEvent.devices, QuotaEvent.checkpoint_at)
+"""What accounting reads of an event, in :class:`~airflow_quota_provider.policy.accounting.Event`'s order."""
 
 
 def accounting_events(since: float, until: float, *, session: Session) -> list[Event]:
@@ -62,13 +65,12 @@ def accounting_events(since: float, until: float, *, session: Session) -> list[E
     unsettled = [int(job) for job, kind in last.items() if kind not in ("stopped", "finished", "evicted")]
     for start in range(0, len(unsettled), 500):  # bound the statement's parameters
         rows = session.connection().execute(
-            select(QuotaEvent.at, QuotaEvent.kind, QuotaEvent.job_id, QuotaEvent.quota, QuotaEvent.dag_id,
-                   QuotaEvent.devices)
+            select(*_EVENT_COLUMNS)
             .where(QuotaEvent.kind.in_(list(EVENT_KINDS)), QuotaEvent.at >= until,
                    QuotaEvent.job_id.in_(unsettled[start : start + 500]))
             .order_by(QuotaEvent.id)
         )
-        events += [Event(at, kind, str(job), quota, dag, devices) for at, kind, job, quota, dag, devices in rows]
+        events += [Event(at, kind, str(job), *rest) for at, kind, job, *rest in rows]
     return events
 
 
@@ -76,7 +78,7 @@ def _events_before(since: float, until: float, *, session: Session) -> list[Even
     kinds = list(EVENT_KINDS)
     recent = select(QuotaEvent.job_id).where(QuotaEvent.at >= since, QuotaEvent.kind.in_(kinds)).distinct()
     rows = session.connection().execute(
-        select(QuotaEvent.at, QuotaEvent.kind, QuotaEvent.job_id, QuotaEvent.quota, QuotaEvent.dag_id, QuotaEvent.devices)
+        select(*_EVENT_COLUMNS)
         .where(
             QuotaEvent.kind.in_(kinds),
             QuotaEvent.at < until,
@@ -86,8 +88,7 @@ def _events_before(since: float, until: float, *, session: Session) -> list[Even
         )
         .order_by(QuotaEvent.id)
     )
-    return [Event(at, kind, None if job is None else str(job), quota, dag, devices)
-            for at, kind, job, quota, dag, devices in rows]
+    return [Event(at, kind, None if job is None else str(job), *rest) for at, kind, job, *rest in rows]
 
 
 def first_event_at(*, session: Session) -> float | None:

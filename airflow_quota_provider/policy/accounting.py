@@ -121,6 +121,8 @@ class Event(NamedTuple):
     quota: str | None
     dag_id: str | None = None
     devices: str | None = None
+    checkpoint_at: float | None = None
+    """On ``stopped``: when the preempted run last saved its work (None: it had no checkpoint)."""
 
 
 EVENT_KINDS = ("admitted", "preempted", "released", "stopped", "finished", "evicted")
@@ -131,13 +133,14 @@ def holds_from_events(events: Iterable[Event]) -> list[Hold]:
     """The holds the audit log describes: ``admitted`` opens one (its ``devices`` say how many GPUs),
     ``released`` closes it. A hold with a ``preempted`` event ended by preemption unless its process
     then ``finished`` on its own (it ended within its grace period) or its host was lost
-    (``evicted``: not a preemption); after ``released`` the job's next ``stopped`` confirms it, and a
-    job failed past its preemption limit writes nothing more, so no word also confirms it."""
+    (``evicted``: not a preemption); after ``released`` the job's next ``stopped`` confirms it (and
+    says when the run last saved its work), and a job failed past its preemption limit writes nothing
+    more, so no word also confirms it."""
     holds: list[Hold] = []
     open_: dict[str, list] = {}  # job -> [start, quota, gpus, dag_id, preempted]
     settling: dict[str, Hold] = {}  # job -> a preempted hold released, waiting for its outcome
     append = holds.append
-    for at, kind, job, quota, dag_id, devices in events:
+    for at, kind, job, quota, dag_id, devices, checkpoint_at in events:
         if job is None:
             continue
         if kind == "admitted":
@@ -158,7 +161,10 @@ def holds_from_events(events: Iterable[Event]) -> list[Hold]:
                 open_[job][4] = True
         elif job in settling:  # stopped, finished, evicted
             hold = settling.pop(job)
-            append(hold if kind == "stopped" else hold._replace(preempted=False))
+            if kind == "stopped":
+                append(hold if checkpoint_at is None else hold._replace(last_checkpoint_at=checkpoint_at))
+            else:
+                append(hold._replace(preempted=False))
     holds.extend(settling.values())
     holds.extend(Hold(job, q, gpus, start, None, dag) for job, (start, q, gpus, dag, _) in open_.items())
     return holds

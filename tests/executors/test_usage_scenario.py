@@ -33,6 +33,8 @@ class Hold:
     start: float
     end: float
     preempted: bool
+    saved: float | None
+    """When a preempted run's command last saved its work (its SIGTERM checkpoint), as it recorded."""
 
 
 def _stub_runs(airflow) -> dict[str, list[list[dict]]]:
@@ -51,7 +53,8 @@ def _holds(airflow) -> list[Hold]:
     """Each run's GPU hold: its bounds are the audit log's admitted and released times (the GPUs are
     granted before Airflow's task runner starts the command and freed after the executor sees it
     exit, so no record of the task itself bounds them to the second); whether it ended by
-    preemption is what its command recorded (SIGTERM), and its recorded run must lie inside it."""
+    preemption, and when it last saved its work, is what its command recorded (SIGTERM and the
+    checkpoint's time), and its recorded run must lie inside it."""
     open_: dict[int, dict] = {}
     spans: dict[str, list[tuple[float, float, str, int]]] = {}
     for e in airflow.sql("SELECT * FROM quota_event WHERE kind IN ('admitted', 'released') AND dag_id IN (?, ?, ?) "
@@ -69,7 +72,9 @@ def _holds(airflow) -> list[Hold]:
         assert len(task_spans) == len(runs.get(task, [])), (task, task_spans, runs.get(task))
         for (start, end, quota, gpus), records in zip(task_spans, runs[task]):
             assert start <= records[0]["t"] and records[-1]["t"] <= end, (task, start, end, records)
-            holds.append(Hold(task, quota, gpus, start, end, any(r["event"] == "sigterm" for r in records)))
+            saved = [r["mtime"] for r in records if r["event"] == "checkpointed"]
+            holds.append(Hold(task, quota, gpus, start, end, any(r["event"] == "sigterm" for r in records),
+                              saved[-1] if saved else None))
     return holds
 
 
@@ -91,8 +96,9 @@ def _expected(holds: list[Hold], since: float, until: float) -> dict[str, dict[s
                                ("idle", c - within - lent)):
                 out[q][kind] += gpus * (b - a)
     for h in holds:
-        if h.preempted:  # the audit log has no checkpoint times: lost counts from the hold's start
-            out[h.quota]["lost"] += h.gpus * max(0.0, min(h.end, until) - max(h.start, since))
+        if h.preempted:  # since its last checkpoint, else its start, to its end
+            lost_from = h.saved if h.saved is not None and h.saved > h.start else h.start
+            out[h.quota]["lost"] += h.gpus * max(0.0, min(h.end, until) - max(lost_from, since))
     return out
 
 

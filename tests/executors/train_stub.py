@@ -35,16 +35,17 @@ CKPT = Path(os.environ["QUOTA_CHECKPOINT_DIR"])
 step = 0
 
 
-def checkpoint() -> None:
-    tmp = CKPT / f"step-{step:05d}.tmp"
+def checkpoint() -> float:
+    """Save the step; returns the checkpoint's modification time (what the scheduler sees of it)."""
+    tmp, path = CKPT / f"step-{step:05d}.tmp", CKPT / f"step-{step:05d}"
     tmp.write_text(str(step))
-    os.replace(tmp, CKPT / f"step-{step:05d}")
+    os.replace(tmp, path)
+    return path.stat().st_mtime
 
 
 def on_sigterm(signum, frame):
     record("sigterm", step=step)
-    checkpoint()
-    record("checkpointed", step=step)
+    record("checkpointed", step=step, mtime=checkpoint())
     sys.exit(143)
 
 

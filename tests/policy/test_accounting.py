@@ -145,6 +145,12 @@ def test_cohort_members_lend_to_each_other_before_the_rest_of_the_tree():
         ),
         pytest.param(
             [Event(0, "admitted", "1", "q", "d", "0"), Event(5, "preempted", "1", "q", "d"),
+             Event(8, "released", "1", "q", "d", "0"), Event(8, "stopped", "1", "q", "d", checkpoint_at=6.5)],
+            [Hold("1", "q", 1, 0, 8, "d", True, 6.5)],
+            id="a preempted hold lost only the work since the checkpoint its stopped event names",
+        ),
+        pytest.param(
+            [Event(0, "admitted", "1", "q", "d", "0"), Event(5, "preempted", "1", "q", "d"),
              Event(7, "released", "1", "q", "d", "0"), Event(7, "finished", "1", "q", "d")],
             [Hold("1", "q", 1, 0, 7, "d")],
             id="a victim that finished within its grace period lost nothing",
