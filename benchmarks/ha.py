@@ -34,11 +34,10 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def machine_cpu() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine since boot, leaving out niced processes (other
-    work on the machine run with ``nice`` takes only what the fleet leaves idle)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
-    user, nice, system, idle, iowait, irq, softirq = fields
-    return (user + system + irq + softirq) / TICK, (sum(fields) - nice) / TICK
+    """(busy, total) CPU seconds of the whole machine since boot."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / TICK, sum(fields) / TICK
 
 
 def session_cpu(sid: int) -> float:
