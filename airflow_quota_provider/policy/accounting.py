@@ -134,28 +134,30 @@ def holds_from_events(events: Iterable[Event]) -> list[Hold]:
     (``evicted``: not a preemption); after ``released`` the job's next ``stopped`` confirms it, and a
     job failed past its preemption limit writes nothing more, so no word also confirms it."""
     holds: list[Hold] = []
-    open_: dict[str, list] = {}  # job -> [start, quota, gpus, dag_id, preempted]
+    open_: dict[str, tuple] = {}  # job -> (start, quota, gpus, dag_id, preempted)
     settling: dict[str, Hold] = {}  # job -> a preempted hold released, waiting for its outcome
     append = holds.append
+    new = tuple.__new__  # Hold(...) less its Python-level __new__: a third of the time, per hold
     for at, kind, job, quota, dag_id, devices in events:
         if job is None:
             continue
         if kind == "admitted":
             if job in settling:
                 append(settling.pop(job))
-            open_[job] = [at, quota, devices.count(",") + 1 if devices else 0, dag_id, False]
+            open_[job] = (at, quota, devices.count(",") + 1 if devices else 0, dag_id, False)
         elif kind == "released":
             hold = open_.pop(job, None)
             if hold is None:
                 continue
             start, quota_, gpus, dag, preempted = hold
             if preempted:
-                settling[job] = Hold(job, quota_, gpus, start, at, dag, True)
+                settling[job] = new(Hold, (job, quota_, gpus, start, at, dag, True, None))
             else:
-                append(Hold(job, quota_, gpus, start, at, dag))
+                append(new(Hold, (job, quota_, gpus, start, at, dag, False, None)))
         elif kind == "preempted":
-            if job in open_:
-                open_[job][4] = True
+            hold = open_.get(job)
+            if hold is not None:
+                open_[job] = hold[:4] + (True,)
         elif job in settling:  # stopped, finished, evicted
             hold = settling.pop(job)
             append(hold if kind == "stopped" else hold._replace(preempted=False))
