@@ -189,6 +189,9 @@ def account(queues: Sequence[Queue], holds: Iterable[Hold], periods: Sequence[tu
     GPUs per distinct usage at which some quota borrows.
     """
     result = Account(list(periods), {}, {}, {})
+    if len(queues) == 1:  # the queue leaves out the holds of quotas it does not have
+        _account_queue(queues[0], holds, result)
+        return result
     by_queue: dict[str, list[Hold]] = {queue.name: [] for queue in queues}
     queue_of = {q.name: queue.name for queue in queues for q in queue.quotas}
     for hold in holds:
@@ -200,7 +203,7 @@ def account(queues: Sequence[Queue], holds: Iterable[Hold], periods: Sequence[tu
     return result
 
 
-def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
+def _account_queue(queue: Queue, holds: Iterable[Hold], result: Account) -> None:
     periods = result.periods
     since, until = periods[0][0], periods[-1][1]
     starts = [start for start, _ in periods]
@@ -208,30 +211,52 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
     index = {name: i for i, name in enumerate(names)}
     capacity = [q.capacity for q in queue.quotas]
     n = len(names)
+    if not n:  # no quota (a queue the quota file has none for): its pool only
+        for period in periods:
+            _settle_period(queue, period, capacity, [], [], [], result)
+        return
 
     # Points in time order: (time, order, quota index, hold index); ends before starts at one
-    # moment (order 0), so a hold released as another is admitted never counts both. Period cuts
-    # come first of all (quota index -1).
-    points: list[tuple[float, int, int, int]] = [(start, -1, -1, -1) for start in starts[1:]]
-    key_of: list[tuple[int, str | None] | None] = [None] * len(holds)  # hold -> its (quota, dag_id) share's key
-    for h, hold in enumerate(holds):
-        start = hold.start if hold.start > since else since
-        end = until if hold.end is None or hold.end > until else hold.end
-        if start < end and hold.gpus > 0:
-            q = index[hold.quota]
-            points.append((start, 1, q, h))
-            points.append((end, 0, q, h))
-            key_of[h] = (q, hold.dag_id)
+    # moment (order 0), so a hold released as another is admitted never counts both. A period ends
+    # with one point per quota (hold index -1) that brings the quota up to date, the last quota's
+    # closing the period: first of all at a cut between periods (order -1), last of all at the end.
+    points: list[tuple[float, int, int, int]] = [(start, -1, q, -1) for start in starts[1:] for q in range(n)]
+    points += [(until, 2, q, -1) for q in range(n)]
+    append = points.append
+    gpus_of: list[int] = []  # piece -> its hold's GPUs: a piece is a hold of the queue inside the periods
+    share_of: list[int] = []  # piece -> the number of its (quota, dag_id) share
+    share_keys: list[tuple[str, str | None]] = []  # share number -> (quota, dag_id)
+    numbers: list[dict[str | None, int]] = [{} for _ in range(n)]  # per quota: dag_id -> share number
+    preempted: list[Hold] = []  # the holds of the queue that ended by preemption
+    for hold in holds:
+        _, quota, gpus, start, end, dag_id, was_preempted, _ = hold
+        q = index.get(quota)
+        if q is None:
+            continue
+        if was_preempted and end is not None:
+            preempted.append(hold)
+        start = start if start > since else since
+        end = until if end is None or end > until else end
+        if start < end and gpus > 0:
+            h = len(gpus_of)
+            append((start, 1, q, h))
+            append((end, 0, q, h))
+            gpus_of.append(gpus)
+            number = numbers[q].get(dag_id)
+            if number is None:
+                number = numbers[q][dag_id] = len(share_keys)
+                share_keys.append((quota, dag_id))
+            share_of.append(number)
     points.sort()
-    gpus_of = [hold.gpus for hold in holds]
 
     used = [0] * n
     last = [since] * n  # when each quota's lazily integrated figures were last brought up to date
     within_s = [0.0] * n
     borrowed_s = [0.0] * n
     clock = [0.0] * n  # per quota: the integral of within/used, each running GPU's share of used_within
-    opened: dict[int, tuple[float, float]] = {}  # hold -> (time, clock) where its current piece began
-    dags: dict[str | None, list[float]] = {}  # the period's (quota, dag) -> [within, borrowed]
+    opened: dict[int, tuple[float, float, int]] = {}  # hold -> (time, clock, quota) where its current piece began
+    shares: list[Figures | None] = [None] * len(share_keys)  # the period's share of each (quota, dag)
+    charged: list[int] = []  # the shares the period charged, in the order first charged
     borrowing: dict[tuple[int, ...], float] = {}  # the period's usage vectors with a borrower -> seconds
     lent_at: dict[tuple[int, ...], list[int]] = {}  # usage vector -> each quota's lent GPUs, once each
     borrowed_total = 0
@@ -252,69 +277,72 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
     lent_s = [0.0] * n
     ratio = 0.0
 
-    def advance(q: int, t: float) -> None:
-        """Bring quota ``q``'s figures up to ``t``: lent by the clock (flat queues), used since its last change."""
-        lent_s[q] += offer[q] * (lent_clock - lent_last[q])
-        lent_last[q] = lent_clock
-        span = t - last[q]
-        if span > 0:
-            u = used[q]
-            if u:
-                c = capacity[q]
-                if u > c:
-                    within_s[q] += span * c
-                    borrowed_s[q] += span * (u - c)
-                    clock[q] += span * c / u
-                else:
-                    within_s[q] += span * u
-                    clock[q] += span
-            last[q] = t
-
-    def close_piece(h: int, q: int, t: float) -> None:
-        """Charge hold ``h``'s DAG its share of quota ``q``'s figures (brought up to ``t``) since its piece began."""
-        began, clock_then = opened.pop(h)
+    def close_piece(h: int, t: float) -> None:
+        """Charge hold ``h``'s DAG its share of its quota's figures (brought up to ``t``) since its piece began."""
+        began, clock_then, q = opened.pop(h)
         gpus = gpus_of[h]
         share_within = gpus * (clock[q] - clock_then)
-        share = dags.get(key_of[h])
+        share = shares[share_of[h]]
         if share is None:
-            share = dags[key_of[h]] = [0.0, 0.0]
-        share[0] += share_within
-        share[1] += gpus * (t - began) - share_within
+            share = shares[share_of[h]] = Figures()
+            charged.append(share_of[h])
+        share.used_within += share_within
+        share.borrowed += gpus * (t - began) - share_within
 
-    def flush_period(t: float) -> None:
-        nonlocal borrowing, dags
-        for q in range(n):
-            advance(q, t)
+    def close_period(t: float) -> None:
+        """Settle the period ending at ``t``, every quota's figures brought up to it."""
+        nonlocal borrowing
         for h in list(opened):
-            q = key_of[h][0]
-            close_piece(h, q, t)
-            opened[h] = (t, clock[q])
+            q = opened[h][2]
+            close_piece(h, t)
+            opened[h] = (t, clock[q], q)
+        start = periods[period][0]
         lent = list(lent_s) if flat else _lent_of_states(queue, borrowing, lent_at)
-        _settle_period(queue, periods[period], capacity, within_s, borrowed_s, lent, dags, result)
+        _settle_period(queue, periods[period], capacity, within_s, borrowed_s, lent, result)
+        for number in charged:
+            quota, dag_id = share_keys[number]
+            result.dags[(start, quota, dag_id)] = shares[number]
+            shares[number] = None
+        charged.clear()
         for q in range(n):
             within_s[q] = borrowed_s[q] = lent_s[q] = 0.0
-        borrowing, dags = {}, {}
+        borrowing = {}
 
+    last_quota = n - 1
     for t, order, q, h in points:
-        if t > moment:
+        if t > moment:  # the clocks of lent GPUs, or the seconds at each usage with a borrower (cohorts)
             if ratio:
                 lent_clock += (t - moment) * ratio
             elif borrowed_total and not flat:
                 key = tuple(used)
                 borrowing[key] = borrowing.get(key, 0.0) + (t - moment)
             moment = t
-        if q < 0:
-            flush_period(t)
-            period += 1
-            continue
-        advance(q, t)
-        c = capacity[q]
+        # Bring quota q's figures up to t: lent by the clock (flat queues), used since its last change.
+        lent_s[q] += offer[q] * (lent_clock - lent_last[q])
+        lent_last[q] = lent_clock
         old = used[q]
+        c = capacity[q]
+        span = t - last[q]
+        if span > 0:
+            if old:
+                if old > c:
+                    within_s[q] += span * c
+                    borrowed_s[q] += span * (old - c)
+                    clock[q] += span * c / old
+                else:
+                    within_s[q] += span * old
+                    clock[q] += span
+            last[q] = t
+        if h < 0:  # the period ends
+            if q == last_quota:
+                close_period(t)
+                period += 1
+            continue
         if order:
             new = old + gpus_of[h]
-            opened[h] = (t, clock[q])
+            opened[h] = (t, clock[q], q)
         else:
-            close_piece(h, q, t)
+            close_piece(h, t)
             new = old - gpus_of[h]
         used[q] = new
         borrowed_total += (new - c if new > c else 0) - (old - c if old > c else 0)
@@ -324,14 +352,7 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
             offer[q] = now_offer
             drawn = borrowed_total - common
             ratio = (drawn / supply if drawn < supply else 1.0) if drawn > 0 and supply > 0 else 0.0
-    if until > moment:
-        if ratio:
-            lent_clock += (until - moment) * ratio
-        elif borrowed_total and not flat:
-            key = tuple(used)
-            borrowing[key] = borrowing.get(key, 0.0) + (until - moment)
-    flush_period(until)
-    _add_lost(queue, holds, starts, until, result)
+    _add_lost(preempted, starts, until, result)
 
 
 def _settle_period(
@@ -341,7 +362,6 @@ def _settle_period(
     within_s: list[float],
     borrowed_s: list[float],
     lent_s: list[float],
-    dags: dict,
     result: Account,
 ) -> None:
     start, end = period
@@ -355,9 +375,6 @@ def _settle_period(
             lent=lent_s[i],
             idle=cap_s - within_s[i] - lent_s[i],
         )
-    names = [quota.name for quota in queue.quotas]
-    for (q, dag_id), (w, b) in dags.items():
-        result.dags[(start, names[q], dag_id)] = Figures(0.0, w, b)
     pool = queue.capacity - sum(capacity)
     result.pools[(start, queue.name)] = PoolFigures(capacity_s=pool * span, drawn=sum(borrowed_s) - sum(lent_s))
 
@@ -385,20 +402,22 @@ def _lent(queue: Queue, used: tuple[int, ...]) -> list[int]:
     return [lent[quota.name] for quota in queue.quotas]
 
 
-def _add_lost(queue: Queue, holds: list[Hold], starts: list[float], until: float, result: Account) -> None:
+def _add_lost(preempted: list[Hold], starts: list[float], until: float, result: Account) -> None:
     """Each preempted hold's lost stretch, cut at the period boundaries, charged to its quota and DAG."""
     since = starts[0]
-    for hold in holds:
-        if not hold.preempted or hold.end is None:
-            continue
+    quotas, dags = result.quotas, result.dags
+    for hold in preempted:
         begin, end = lost_span(hold.start, hold.end, hold.last_checkpoint_at)
         begin, end = max(begin, since), min(end, until)
         while begin < end:
             p = bisect.bisect_right(starts, begin) - 1
             piece_end = min(end, starts[p + 1]) if p + 1 < len(starts) else end
             seconds = hold.gpus * (piece_end - begin)
-            result.quotas[(starts[p], hold.quota)].lost += seconds
-            result.dags.setdefault((starts[p], hold.quota, hold.dag_id), Figures()).lost += seconds
+            quotas[(starts[p], hold.quota)].lost += seconds
+            share = dags.get((starts[p], hold.quota, hold.dag_id))
+            if share is None:
+                share = dags[(starts[p], hold.quota, hold.dag_id)] = Figures()
+            share.lost += seconds
             begin = piece_end
 
 
