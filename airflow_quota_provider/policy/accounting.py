@@ -318,8 +318,9 @@ def _account_queue(queue: Queue, holds: Iterable[Hold], result: Account) -> None
                 borrowing[key] = borrowing.get(key, 0.0) + (t - moment)
             moment = t
         # Bring quota q's figures up to t: lent by the clock (flat queues), used since its last change.
-        lent_s[q] += offer[q] * (lent_clock - lent_last[q])
-        lent_last[q] = lent_clock
+        if lent_clock != lent_last[q]:
+            lent_s[q] += offer[q] * (lent_clock - lent_last[q])
+            lent_last[q] = lent_clock
         old = used[q]
         c = capacity[q]
         span = t - last[q]
