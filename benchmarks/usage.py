@@ -6,8 +6,9 @@ Prints the time to turn the events into holds and the time to account them (per 
 best of R, and their sum: wall time, and the CPU time of this process (``time.process_time``), which
 other work on a busy machine disturbs less. Goal (issue 15): under 2 s for 1,000,000 events on a 2-core
 machine. Also prints the GPU-seconds of each kind over all quotas and days, so a change to the code can
-be checked to leave the figures as they were. Events are generated as the executor writes them (admitted, preempted, released, stopped, finished), with
-quotas borrowing above their capacity about a third of the time, so lent GPUs are apportioned.
+be checked to leave the figures as they were. Events are generated as the executor writes them
+(admitted, preempted, released, stopped, finished), with quotas borrowing above their capacity about a
+third of the time, so lent GPUs are apportioned.
 """
 
 from __future__ import annotations
