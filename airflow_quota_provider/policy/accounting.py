@@ -230,54 +230,21 @@ def _account_queue(queue: Queue, holds: Iterable[Hold], result: Account) -> None
     periods = result.periods
     since, until = periods[0][0], periods[-1][1]
     starts = [start for start, _ in periods]
-    names = [q.name for q in queue.quotas]
-    index = {name: i for i, name in enumerate(names)}
     capacity = [q.capacity for q in queue.quotas]
-    n = len(names)
+    n = len(capacity)
     if not n:  # no quota (a queue the quota file has none for): its pool only
         for period in periods:
             _settle_period(queue, period, capacity, [], [], [], result)
         return
 
-    # Points in time order: (time, order, quota index, hold index); ends before starts at one
-    # moment (order 0), so a hold released as another is admitted never counts both. A period ends
-    # with one point per quota (hold index -1) that brings the quota up to date, the last quota's
-    # closing the period: first of all at a cut between periods (order -1), last of all at the end.
-    points: list[tuple[float, int, int, int]] = [(start, -1, q, -1) for start in starts[1:] for q in range(n)]
-    points += [(until, 2, q, -1) for q in range(n)]
-    append = points.append
-    gpus_of: list[int] = []  # piece -> its hold's GPUs: a piece is a hold of the queue inside the periods
-    share_of: list[int] = []  # piece -> the number of its (quota, dag_id) share
-    share_keys: list[tuple[str, str | None]] = []  # share number -> (quota, dag_id)
-    numbers: list[dict[str | None, int]] = [{} for _ in range(n)]  # per quota: dag_id -> share number
-    preempted: list[Hold] = []  # the holds of the queue that ended by preemption
-    for hold in holds:
-        _, quota, gpus, start, end, dag_id, was_preempted, _ = hold
-        q = index.get(quota)
-        if q is None:
-            continue
-        if was_preempted and end is not None:
-            preempted.append(hold)
-        start = start if start > since else since
-        end = until if end is None or end > until else end
-        if start < end and gpus > 0:
-            h = len(gpus_of)
-            append((start, 1, q, h))
-            append((end, 0, q, h))
-            gpus_of.append(gpus)
-            number = numbers[q].get(dag_id)
-            if number is None:
-                number = numbers[q][dag_id] = len(share_keys)
-                share_keys.append((quota, dag_id))
-            share_of.append(number)
-    points.sort()
+    points, gpus_of, share_of, share_keys, preempted = _points(queue, holds, starts, until)
 
     used = [0] * n
     last = [since] * n  # when each quota's lazily integrated figures were last brought up to date
     within_s = [0.0] * n
     borrowed_s = [0.0] * n
     clock = [0.0] * n  # per quota: the integral of within/used, each running GPU's share of used_within
-    opened: dict[int, tuple[float, float, int]] = {}  # hold -> (time, clock, quota) where its current piece began
+    opened: dict[int, tuple[float, float, int]] = {}  # hold number -> (time, clock, quota) where its piece began
     shares: list[Figures | None] = [None] * len(share_keys)  # the period's share of each (quota, dag)
     charged: list[int] = []  # the shares the period charged, in the order first charged
     borrowing: dict[tuple[int, ...], float] = {}  # the period's usage vectors with a borrower -> seconds
@@ -377,6 +344,63 @@ def _account_queue(queue: Queue, holds: Iterable[Hold], result: Account) -> None
             drawn = borrowed_total - common
             ratio = (drawn / supply if drawn < supply else 1.0) if drawn > 0 and supply > 0 else 0.0
     _add_lost(preempted, starts, until, result)
+
+
+class _Points(NamedTuple):
+    """A job queue's holds as points in time (:func:`_points`)."""
+
+    points: list[tuple[float, int, int, int]]
+    """(time, order, quota index, hold number), in time order."""
+    gpus: list[int]
+    """Hold number -> its GPUs. The holds numbered are the queue's that overlap the periods."""
+    shares: list[int]
+    """Hold number -> the number of its (quota, dag_id) share."""
+    share_keys: list[tuple[str, str | None]]
+    """Share number -> (quota, dag_id)."""
+    preempted: list[Hold]
+    """The queue's holds that ended by preemption."""
+
+
+def _points(queue: Queue, holds: Iterable[Hold], starts: list[float], until: float) -> _Points:
+    """The points of ``queue``'s holds over the periods from ``starts`` to ``until``, in one pass.
+
+    A hold is a start (order 1) and an end (order 0): ends before starts at one moment, so a hold
+    released as another is admitted never counts both. A period ends with one point per quota
+    (hold number -1) that brings the quota up to date, the last quota's settling the period: first
+    of all at a cut between periods (order -1), last of all at the end (order 2). Holds of other
+    quotas are left out.
+    """
+    since, n = starts[0], len(queue.quotas)
+    index = {quota.name: q for q, quota in enumerate(queue.quotas)}
+    points: list[tuple[float, int, int, int]] = [(start, -1, q, -1) for start in starts[1:] for q in range(n)]
+    points += [(until, 2, q, -1) for q in range(n)]
+    append = points.append
+    gpus_of: list[int] = []
+    share_of: list[int] = []
+    share_keys: list[tuple[str, str | None]] = []
+    numbers: list[dict[str | None, int]] = [{} for _ in range(n)]  # per quota: dag_id -> share number
+    preempted: list[Hold] = []
+    for hold in holds:
+        _, quota, gpus, start, end, dag_id, was_preempted, _ = hold
+        q = index.get(quota)
+        if q is None:
+            continue
+        if was_preempted and end is not None:
+            preempted.append(hold)
+        start = start if start > since else since
+        end = until if end is None or end > until else end
+        if start < end and gpus > 0:
+            h = len(gpus_of)
+            append((start, 1, q, h))
+            append((end, 0, q, h))
+            gpus_of.append(gpus)
+            number = numbers[q].get(dag_id)
+            if number is None:
+                number = numbers[q][dag_id] = len(share_keys)
+                share_keys.append((quota, dag_id))
+            share_of.append(number)
+    points.sort()
+    return _Points(points, gpus_of, share_of, share_keys, preempted)
 
 
 def _settle_period(
