@@ -32,7 +32,9 @@ Periods are cut at their boundaries: a hold across midnight counts in both days.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+import gc
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
@@ -129,6 +131,26 @@ EVENT_KINDS = ("admitted", "preempted", "released", "stopped", "finished", "evic
 """The audit event kinds accounting reads (``EventKind`` values)."""
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while accounting runs, and restore it as it was.
+
+    The objects accounting makes hold no reference cycles, so a collection would free nothing. But events and
+    holds are named tuples, which the collector never stops tracking, and the holds and figures made
+    here are enough to start full collections, each of which walks all of them: with a million
+    events, 0.2-0.4 s a collection, one or two per report. Other threads' garbage waits until the
+    accounting ends; nested calls leave the collector as the outermost found it.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@_collector_paused()
 def holds_from_events(events: Iterable[Event]) -> list[Hold]:
     """The holds the audit log describes: ``admitted`` opens one (its ``devices`` say how many GPUs),
     ``released`` closes it. A hold with a ``preempted`` event ended by preemption unless its process
@@ -137,28 +159,30 @@ def holds_from_events(events: Iterable[Event]) -> list[Hold]:
     says when the run last saved its work), and a job failed past its preemption limit writes nothing
     more, so no word also confirms it."""
     holds: list[Hold] = []
-    open_: dict[str, list] = {}  # job -> [start, quota, gpus, dag_id, preempted]
+    open_: dict[str, tuple] = {}  # job -> (start, quota, gpus, dag_id, preempted)
     settling: dict[str, Hold] = {}  # job -> a preempted hold released, waiting for its outcome
     append = holds.append
+    new = tuple.__new__  # Hold(...) less its Python-level __new__: a third of the time, per hold
     for at, kind, job, quota, dag_id, devices, checkpoint_at in events:
         if job is None:
             continue
         if kind == "admitted":
             if job in settling:
                 append(settling.pop(job))
-            open_[job] = [at, quota, devices.count(",") + 1 if devices else 0, dag_id, False]
+            open_[job] = (at, quota, devices.count(",") + 1 if devices else 0, dag_id, False)
         elif kind == "released":
             hold = open_.pop(job, None)
             if hold is None:
                 continue
             start, quota_, gpus, dag, preempted = hold
             if preempted:
-                settling[job] = Hold(job, quota_, gpus, start, at, dag, True)
+                settling[job] = new(Hold, (job, quota_, gpus, start, at, dag, True, None))
             else:
-                append(Hold(job, quota_, gpus, start, at, dag))
+                append(new(Hold, (job, quota_, gpus, start, at, dag, False, None)))
         elif kind == "preempted":
-            if job in open_:
-                open_[job][4] = True
+            hold = open_.get(job)
+            if hold is not None:
+                open_[job] = hold[:4] + (True,)
         elif job in settling:  # stopped, finished, evicted
             hold = settling.pop(job)
             if kind == "stopped":
@@ -185,6 +209,7 @@ def period_cuts(since: float, until: float, every_s: float | None = None) -> lis
     return list(zip(cuts, cuts[1:]))
 
 
+@_collector_paused()
 def account(queues: Sequence[Queue], holds: Iterable[Hold], periods: Sequence[tuple[float, float]]) -> Account:
     """Every quota's, DAG's and pool's figures over ``periods`` (contiguous, in order) from ``holds``.
 
@@ -193,6 +218,9 @@ def account(queues: Sequence[Queue], holds: Iterable[Hold], periods: Sequence[tu
     GPUs per distinct usage at which some quota borrows.
     """
     result = Account(list(periods), {}, {}, {})
+    if len(queues) == 1:  # the queue leaves out the holds of quotas it does not have
+        _account_queue(queues[0], holds, result)
+        return result
     by_queue: dict[str, list[Hold]] = {queue.name: [] for queue in queues}
     queue_of = {q.name: queue.name for queue in queues for q in queue.quotas}
     for hold in holds:
@@ -204,38 +232,27 @@ def account(queues: Sequence[Queue], holds: Iterable[Hold], periods: Sequence[tu
     return result
 
 
-def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
+def _account_queue(queue: Queue, holds: Iterable[Hold], result: Account) -> None:
     periods = result.periods
     since, until = periods[0][0], periods[-1][1]
     starts = [start for start, _ in periods]
-    names = [q.name for q in queue.quotas]
-    index = {name: i for i, name in enumerate(names)}
     capacity = [q.capacity for q in queue.quotas]
-    n = len(names)
+    n = len(capacity)
+    if not n:  # no quota (a queue the quota file has none for): its pool only
+        for period in periods:
+            _settle_period(queue, period, capacity, [], [], [], result)
+        return
 
-    # Points in time order: (time, order, quota index, hold index); ends before starts at one
-    # moment (order 0), so a hold released as another is admitted never counts both. Period cuts
-    # come first of all (quota index -1).
-    points: list[tuple[float, int, int, int]] = [(start, -1, -1, -1) for start in starts[1:]]
-    key_of: list[tuple[int, str | None] | None] = [None] * len(holds)  # hold -> its (quota, dag_id) share's key
-    for h, hold in enumerate(holds):
-        start = hold.start if hold.start > since else since
-        end = until if hold.end is None or hold.end > until else hold.end
-        if start < end and hold.gpus > 0:
-            q = index[hold.quota]
-            points.append((start, 1, q, h))
-            points.append((end, 0, q, h))
-            key_of[h] = (q, hold.dag_id)
-    points.sort()
-    gpus_of = [hold.gpus for hold in holds]
+    points, gpus_of, share_of, share_keys, preempted = _points(queue, holds, starts, until)
 
     used = [0] * n
     last = [since] * n  # when each quota's lazily integrated figures were last brought up to date
     within_s = [0.0] * n
     borrowed_s = [0.0] * n
     clock = [0.0] * n  # per quota: the integral of within/used, each running GPU's share of used_within
-    opened: dict[int, tuple[float, float]] = {}  # hold -> (time, clock) where its current piece began
-    dags: dict[str | None, list[float]] = {}  # the period's (quota, dag) -> [within, borrowed]
+    opened: dict[int, tuple[float, float, int]] = {}  # hold number -> (time, clock, quota) where its piece began
+    shares: list[Figures | None] = [None] * len(share_keys)  # the period's share of each (quota, dag)
+    charged: list[int] = []  # the shares the period charged, in the order first charged
     borrowing: dict[tuple[int, ...], float] = {}  # the period's usage vectors with a borrower -> seconds
     lent_at: dict[tuple[int, ...], list[int]] = {}  # usage vector -> each quota's lent GPUs, once each
     borrowed_total = 0
@@ -256,69 +273,73 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
     lent_s = [0.0] * n
     ratio = 0.0
 
-    def advance(q: int, t: float) -> None:
-        """Bring quota ``q``'s figures up to ``t``: lent by the clock (flat queues), used since its last change."""
-        lent_s[q] += offer[q] * (lent_clock - lent_last[q])
-        lent_last[q] = lent_clock
-        span = t - last[q]
-        if span > 0:
-            u = used[q]
-            if u:
-                c = capacity[q]
-                if u > c:
-                    within_s[q] += span * c
-                    borrowed_s[q] += span * (u - c)
-                    clock[q] += span * c / u
-                else:
-                    within_s[q] += span * u
-                    clock[q] += span
-            last[q] = t
-
-    def close_piece(h: int, q: int, t: float) -> None:
-        """Charge hold ``h``'s DAG its share of quota ``q``'s figures (brought up to ``t``) since its piece began."""
-        began, clock_then = opened.pop(h)
+    def close_piece(h: int, t: float) -> None:
+        """Charge hold ``h``'s DAG its share of its quota's figures (brought up to ``t``) since its piece began."""
+        began, clock_then, q = opened.pop(h)
         gpus = gpus_of[h]
         share_within = gpus * (clock[q] - clock_then)
-        share = dags.get(key_of[h])
+        share = shares[share_of[h]]
         if share is None:
-            share = dags[key_of[h]] = [0.0, 0.0]
-        share[0] += share_within
-        share[1] += gpus * (t - began) - share_within
+            share = shares[share_of[h]] = Figures()
+            charged.append(share_of[h])
+        share.used_within += share_within
+        share.borrowed += gpus * (t - began) - share_within
 
-    def flush_period(t: float) -> None:
-        nonlocal borrowing, dags
-        for q in range(n):
-            advance(q, t)
+    def close_period(t: float) -> None:
+        """Settle the period ending at ``t``, every quota's figures brought up to it."""
+        nonlocal borrowing
         for h in list(opened):
-            q = key_of[h][0]
-            close_piece(h, q, t)
-            opened[h] = (t, clock[q])
+            q = opened[h][2]
+            close_piece(h, t)
+            opened[h] = (t, clock[q], q)
+        start = periods[period][0]
         lent = list(lent_s) if flat else _lent_of_states(queue, borrowing, lent_at)
-        _settle_period(queue, periods[period], capacity, within_s, borrowed_s, lent, dags, result)
+        _settle_period(queue, periods[period], capacity, within_s, borrowed_s, lent, result)
+        for number in charged:
+            quota, dag_id = share_keys[number]
+            result.dags[(start, quota, dag_id)] = shares[number]
+            shares[number] = None
+        charged.clear()
         for q in range(n):
             within_s[q] = borrowed_s[q] = lent_s[q] = 0.0
-        borrowing, dags = {}, {}
+        borrowing = {}
 
+    last_quota = n - 1
     for t, order, q, h in points:
-        if t > moment:
+        if t > moment:  # the clocks of lent GPUs, or the seconds at each usage with a borrower (cohorts)
             if ratio:
                 lent_clock += (t - moment) * ratio
             elif borrowed_total and not flat:
                 key = tuple(used)
                 borrowing[key] = borrowing.get(key, 0.0) + (t - moment)
             moment = t
-        if q < 0:
-            flush_period(t)
-            period += 1
-            continue
-        advance(q, t)
-        c = capacity[q]
+        # Bring quota q's figures up to t: lent by the clock (flat queues), used since its last change.
+        if lent_clock != lent_last[q]:
+            lent_s[q] += offer[q] * (lent_clock - lent_last[q])
+            lent_last[q] = lent_clock
         old = used[q]
+        c = capacity[q]
+        span = t - last[q]
+        if span > 0:
+            if old:
+                if old > c:
+                    within_s[q] += span * c
+                    borrowed_s[q] += span * (old - c)
+                    clock[q] += span * c / old
+                else:
+                    within_s[q] += span * old
+                    clock[q] += span
+            last[q] = t
+        if h < 0:  # the period ends
+            if q == last_quota:
+                close_period(t)
+                period += 1
+            continue
         if order:
             new = old + gpus_of[h]
-            opened[h] = (t, clock[q])
+            opened[h] = (t, clock[q], q)
         else:
-            close_piece(h, q, t)
+            close_piece(h, t)
             new = old - gpus_of[h]
         used[q] = new
         borrowed_total += (new - c if new > c else 0) - (old - c if old > c else 0)
@@ -328,14 +349,64 @@ def _account_queue(queue: Queue, holds: list[Hold], result: Account) -> None:
             offer[q] = now_offer
             drawn = borrowed_total - common
             ratio = (drawn / supply if drawn < supply else 1.0) if drawn > 0 and supply > 0 else 0.0
-    if until > moment:
-        if ratio:
-            lent_clock += (until - moment) * ratio
-        elif borrowed_total and not flat:
-            key = tuple(used)
-            borrowing[key] = borrowing.get(key, 0.0) + (until - moment)
-    flush_period(until)
-    _add_lost(queue, holds, starts, until, result)
+    _add_lost(preempted, starts, until, result)
+
+
+class _Points(NamedTuple):
+    """A job queue's holds as points in time (:func:`_points`)."""
+
+    points: list[tuple[float, int, int, int]]
+    """(time, order, quota index, hold number), in time order."""
+    gpus: list[int]
+    """Hold number -> its GPUs. The holds numbered are the queue's that overlap the periods."""
+    shares: list[int]
+    """Hold number -> the number of its (quota, dag_id) share."""
+    share_keys: list[tuple[str, str | None]]
+    """Share number -> (quota, dag_id)."""
+    preempted: list[Hold]
+    """The queue's holds that ended by preemption."""
+
+
+def _points(queue: Queue, holds: Iterable[Hold], starts: list[float], until: float) -> _Points:
+    """The points of ``queue``'s holds over the periods from ``starts`` to ``until``, in one pass.
+
+    A hold is a start (order 1) and an end (order 0): ends before starts at one moment, so a hold
+    released as another is admitted never counts both. A period ends with one point per quota
+    (hold number -1) that brings the quota up to date, the last quota's settling the period: first
+    of all at a cut between periods (order -1), last of all at the end (order 2). Holds of other
+    quotas are left out.
+    """
+    since, n = starts[0], len(queue.quotas)
+    index = {quota.name: q for q, quota in enumerate(queue.quotas)}
+    points: list[tuple[float, int, int, int]] = [(start, -1, q, -1) for start in starts[1:] for q in range(n)]
+    points += [(until, 2, q, -1) for q in range(n)]
+    append = points.append
+    gpus_of: list[int] = []
+    share_of: list[int] = []
+    share_keys: list[tuple[str, str | None]] = []
+    numbers: list[dict[str | None, int]] = [{} for _ in range(n)]  # per quota: dag_id -> share number
+    preempted: list[Hold] = []
+    for hold in holds:
+        _, quota, gpus, start, end, dag_id, was_preempted, _ = hold
+        q = index.get(quota)
+        if q is None:
+            continue
+        if was_preempted and end is not None:
+            preempted.append(hold)
+        start = start if start > since else since
+        end = until if end is None or end > until else end
+        if start < end and gpus > 0:
+            h = len(gpus_of)
+            append((start, 1, q, h))
+            append((end, 0, q, h))
+            gpus_of.append(gpus)
+            number = numbers[q].get(dag_id)
+            if number is None:
+                number = numbers[q][dag_id] = len(share_keys)
+                share_keys.append((quota, dag_id))
+            share_of.append(number)
+    points.sort()
+    return _Points(points, gpus_of, share_of, share_keys, preempted)
 
 
 def _settle_period(
@@ -345,7 +416,6 @@ def _settle_period(
     within_s: list[float],
     borrowed_s: list[float],
     lent_s: list[float],
-    dags: dict,
     result: Account,
 ) -> None:
     start, end = period
@@ -359,9 +429,6 @@ def _settle_period(
             lent=lent_s[i],
             idle=cap_s - within_s[i] - lent_s[i],
         )
-    names = [quota.name for quota in queue.quotas]
-    for (q, dag_id), (w, b) in dags.items():
-        result.dags[(start, names[q], dag_id)] = Figures(0.0, w, b)
     pool = queue.capacity - sum(capacity)
     result.pools[(start, queue.name)] = PoolFigures(capacity_s=pool * span, drawn=sum(borrowed_s) - sum(lent_s))
 
@@ -389,20 +456,22 @@ def _lent(queue: Queue, used: tuple[int, ...]) -> list[int]:
     return [lent[quota.name] for quota in queue.quotas]
 
 
-def _add_lost(queue: Queue, holds: list[Hold], starts: list[float], until: float, result: Account) -> None:
+def _add_lost(preempted: list[Hold], starts: list[float], until: float, result: Account) -> None:
     """Each preempted hold's lost stretch, cut at the period boundaries, charged to its quota and DAG."""
     since = starts[0]
-    for hold in holds:
-        if not hold.preempted or hold.end is None:
-            continue
+    quotas, dags = result.quotas, result.dags
+    for hold in preempted:
         begin, end = lost_span(hold.start, hold.end, hold.last_checkpoint_at)
         begin, end = max(begin, since), min(end, until)
         while begin < end:
             p = bisect.bisect_right(starts, begin) - 1
             piece_end = min(end, starts[p + 1]) if p + 1 < len(starts) else end
             seconds = hold.gpus * (piece_end - begin)
-            result.quotas[(starts[p], hold.quota)].lost += seconds
-            result.dags.setdefault((starts[p], hold.quota, hold.dag_id), Figures()).lost += seconds
+            quotas[(starts[p], hold.quota)].lost += seconds
+            share = dags.get((starts[p], hold.quota, hold.dag_id))
+            if share is None:
+                share = dags[(starts[p], hold.quota, hold.dag_id)] = Figures()
+            share.lost += seconds
             begin = piece_end
 
 
