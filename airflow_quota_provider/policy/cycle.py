@@ -49,6 +49,7 @@ from airflow_quota_provider.policy.placement import Placement, victims_host
 from airflow_quota_provider.policy.preemption import find_victims, search_phases
 from airflow_quota_provider.policy.preemption_policy import effective_max_preemptions, limit_reached, may_preempt
 from airflow_quota_provider.policy.reasons import Explainer
+from airflow_quota_provider.policy.running import Running
 from airflow_quota_provider.policy.state import Job, State
 
 
@@ -95,23 +96,13 @@ class _Cycle:
         self.now = now
         self.quotas = {q.name: q for q in state.quotas}
         self.backlog = Backlog.of(state.pending)
+        self.running = Running.of(state.running)
         self.usage = usage_for(state)
-        self.placement = None if state.hosts is None else Placement(state.hosts, state.running)
-        self.stopping_for: dict[str, list[Job]] = defaultdict(list)
-        # The hottest loop of a cycle (the simulator makes ~10^5 cycles): locals, one pass.
-        in_use: dict[str, int] = defaultdict(int)
-        physical = 0
-        for job in state.running:
-            gpus = job.gpus
-            physical += gpus
-            if job.preempted_for is None:
-                in_use[job.quota] += gpus
-            else:
-                self.stopping_for[job.preempted_for].append(job)
-        self.usage.physical = physical
-        for name, gpus in in_use.items():
+        self.placement = None if state.hosts is None else Placement(state.hosts, self.running)
+        self.usage.physical = self.running.physical
+        for name, gpus in self.running.in_use.items():
             self.usage.add(name, gpus)
-        self.candidates = Candidates(state.running, self.quotas, now)
+        self.candidates = Candidates(self.running, self.quotas, now)
         self.decision = Decision(placed=self.placement is not None)
         self.waiting_for: dict[str, tuple[list[str], str | None]] = {}
         """Held jobs: capacity is theirs, GPUs not yet free; the victims they wait for and the host
@@ -130,11 +121,11 @@ class _Cycle:
     def run(self, explain: bool) -> Decision:
         self._reject()
         # Held from an earlier cycle; re-checked, since the quota file or the hosts may have changed since.
-        held = [job for job_id in self.stopping_for if (job := self.backlog.get(job_id)) is not None]
+        held = [job for job_id in self.running.preemptors() if (job := self.backlog.get(job_id)) is not None]
         for job in sorted(held, key=queue_order):
             if job.id in self.handled or not self.usage.fits(job.quota, job.gpus, borrow=True):
                 continue
-            victims = self.stopping_for[job.id]
+            victims = self.running.stopping_for(job.id)
             host = None if self.placement is None else victims_host(victims)
             if host is None or self.placement.free_settled[host] >= job.gpus:
                 self._hold(job, sorted(victim.id for victim in victims), host)

@@ -43,6 +43,7 @@ from airflow_quota_provider.policy import Host, Job, Queue, QuotaFile, State, de
 from airflow_quota_provider.policy.accounting import Hold, lost_span, within
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.capacity import CohortTree
+from airflow_quota_provider.policy.running import Running
 from airflow_quota_provider.simulation.policies import PolicySetup
 from airflow_quota_provider.simulation.workload import InputError, TraceJob
 
@@ -176,8 +177,8 @@ class _QueueRun:
         self.host_gpus = {h.name: h.gpus for h in hosts or ()}
         self.host_used = dict.fromkeys(self.host_gpus, 0)
         self.largest_host = max(self.host_gpus.values()) if hosts else None
-        self.running: dict[str, Job] = {}
-        self.pending = Backlog()  # kept between decisions, so that one costs what it places
+        self.running = Running()  # both kept between decisions, so that one costs what it places
+        self.pending = Backlog()
         self.used = 0
         self.decide_at: float | None = None
         self.checkpoints: list[tuple[float, int, str]] = []
@@ -332,7 +333,7 @@ class Simulator:
         job.queue.used -= job.trace.gpus
         if job.job.host is not None:
             job.queue.host_used[job.job.host] -= job.trace.gpus
-        del job.queue.running[job.trace.id]
+        job.queue.running.remove(job.trace.id)
         job.busy += (now - job.start) * job.trace.gpus
         self._record(usage, -job.trace.gpus, 0)
         self._mark(job.queue)
@@ -374,7 +375,7 @@ class Simulator:
                 continue
             last = job.start + math.floor((now - job.start) / job.checkpoint) * job.checkpoint
             job.job = replace(job.job, last_checkpoint_at=last)
-            run.running[job_id] = job.job
+            run.running.replace(job.job)
             heapq.heappush(heap, (last + job.checkpoint, attempt, job_id))
 
     def _decide(self, run: _QueueRun) -> None:
@@ -383,7 +384,7 @@ class Simulator:
         if not run.pending:
             return  # nothing to admit, reject or preempt for: the decision is empty by definition
         self._refresh_checkpoints(run, now)
-        state = State.for_queue(run.queue, run.running.values(), run.pending, run.hosts)
+        state = State.for_queue(run.queue, run.running, run.pending, run.hosts)
         decision = self.decide_fn(state, now)
         self.decisions += 1
         if self.on_progress is not None and self.decisions % self.progress_every == 0:
@@ -402,7 +403,7 @@ class Simulator:
             if job.job.preempted_for is not None:
                 raise CheckError(f"policy preempted {preemption.id!r} again while it is still stopping")
             job.job = replace(job.job, preempted_for=preemption.for_)
-            run.running[job.trace.id] = job.job
+            run.running.replace(job.job)
             job.preemptions += 1
             job.stop_fail = bool(preemption.fail)
             job.message = preemption.message if preemption.fail else ""
@@ -420,7 +421,7 @@ class Simulator:
         a running job passing its ``min_runtime_s``, or a waiting one its ``preemption_delay_s``."""
         quotas = {q.name: q for q in run.queue.quotas}
         wake = math.inf
-        for job in run.running.values():
+        for job in run.running:
             if job.preempted_for is None:
                 min_runtime = job.min_runtime_s if job.min_runtime_s is not None else quotas[job.quota].min_runtime_s
                 if job.started_at + min_runtime > now:
@@ -477,7 +478,7 @@ class Simulator:
             job.first_start = now
         expected = None if job.estimate_factor is None else job.remaining * job.estimate_factor
         job.job = replace(job.job, started_at=now, last_checkpoint_at=now, host=host, expected_runtime_s=expected)
-        run.running[job.trace.id] = job.job
+        run.running.add(job.job)
         self.env.schedule(now + job.remaining, FINISH, self._finish, job, job.attempt)
         if job.checkpoint > 0:
             heapq.heappush(run.checkpoints, (now + job.checkpoint, job.attempt, job.trace.id))
@@ -490,7 +491,7 @@ class Simulator:
         if stuck:
             sample = stuck[0]
             run = sample.queue
-            decision = policy_decide(State.for_queue(run.queue, run.running.values(), run.pending, run.hosts),
+            decision = policy_decide(State.for_queue(run.queue, run.running, run.pending, run.hosts),
                                      self.env.now)
             reason = next((p.reason for p in decision.pending if p.id == sample.trace.id), "no reason given")
             raise CheckError(
