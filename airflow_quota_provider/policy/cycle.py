@@ -211,6 +211,16 @@ class _Cycle:
         seen = memo.get((name, borrow))
         return seen is not None and seen[0] == self.epoch and seen[1] <= gpus
 
+    def _next_open(self, name: str, borrow: bool, index: int) -> int:
+        """The position of quota ``name``'s first job from ``index`` on that :meth:`_place` would not
+        turn down from what it remembers: one smaller than a job that failed both to fit and to find
+        victims since the last change (jobs at least that large wait too, whatever their place)."""
+        fit = self._fit_failed.get((name, borrow))
+        search = self._search_failed.get((name, borrow))
+        if fit is None or search is None or fit[0] != self.epoch or search[0] != self.epoch:
+            return index
+        return self.backlog.next_smaller(name, index, max(fit[1], search[1]))
+
     def _closed(self, name: str, borrow: bool) -> bool:
         """No job of quota ``name`` left in this pass can start, be held or find victims until the
         epoch changes: a job no larger than the quota's smallest failed both since the last change
@@ -285,33 +295,46 @@ class _Cycle:
         """Every waiting job in queue order across quotas: start it or reclaim for it if it fits
         within its quota's capacity.
 
-        A closed quota is set aside; when the epoch changes, it rejoins at its first job after the
-        last one looked at (those it skipped would have failed)."""
+        A closed quota is set aside, and one whose next jobs would be turned down goes on at its first
+        that would not (:meth:`_next_open`); when the epoch changes, both rejoin at their first job
+        after the last one looked at (those they skipped would have failed)."""
         backlog = self.backlog
         heap = [(entries[0][0], name, 0) for name in backlog.quotas() if (entries := backlog.entries(name))]
         heapq.heapify(heap)
-        closed: list[str] = []
+        at: dict[str, int | None] = {name: 0 for _, name, _ in heap}
+        """Each quota's position in the heap; an entry at another one is stale (it rejoined earlier)."""
+        aside: list[str] = []
         epoch = self.epoch
         while heap:
             key, name, index = heapq.heappop(heap)
+            if at[name] != index:
+                continue
+            at[name] = None
             entries = backlog.entries(name)
             job = entries[index][1]
+            following = index + 1
             if job.id not in self.handled:
                 if self._closed(name, borrow=False):
-                    closed.append(name)
+                    aside.append(name)
                     continue
                 if self._place(job, borrow=False):
                     self.handled.add(job.id)
-            if index + 1 < len(entries):
-                heapq.heappush(heap, (entries[index + 1][0], name, index + 1))
+                else:
+                    following = self._next_open(name, False, following)
+                    if following > index + 1:
+                        aside.append(name)
+            if following < len(entries):
+                heapq.heappush(heap, (entries[following][0], name, following))
+                at[name] = following
             if self.epoch != epoch:
                 epoch = self.epoch
-                for other in closed:
+                for other in aside:
                     entries = backlog.entries(other)
                     index = bisect_right(entries, key, key=entry_key)
-                    if index < len(entries):
+                    if index < len(entries) and (at[other] is None or index < at[other]):
                         heapq.heappush(heap, (entries[index][0], other, index))
-                closed.clear()
+                        at[other] = index
+                aside.clear()
 
     def _borrowing_pass(self) -> None:
         """Place the rest, lowest borrowed share per weight first (with cohorts: nearest level first)."""
@@ -329,8 +352,9 @@ class _Cycle:
                 continue
             entries = backlog.entries(name)
             index = position[name]
-            # A job that has to wait changes no share, so this quota stays first: go on with it (with
-            # cohorts, the next job may borrow at another level: back to the heap).
+            # A job that has to wait changes no share, so this quota stays first: go on with it, at its
+            # next job that may not have to wait (with cohorts, the next job may borrow at another
+            # level: back to the heap).
             while index < len(entries):
                 job = entries[index][1]
                 index += 1
@@ -343,6 +367,8 @@ class _Cycle:
                     break
                 elif tree:
                     break
+                else:
+                    index = self._next_open(name, True, index)
             position[name] = index
             if index < len(entries):
                 heapq.heappush(heap, (key(name), name))
