@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
+from itertools import accumulate
 
 from airflow_quota_provider.policy.capacity import Usage
 from airflow_quota_provider.policy.config import PreemptionPolicy, Quota
@@ -45,7 +47,8 @@ class Candidates:
         self._quotas = quotas
         self.now = now
         self._sorted: dict[str, list[tuple[tuple, Job]]] = {}
-        self._own: dict[str, dict[int, int]] = {}
+        self._own: dict[str, tuple[list[int], list[int]]] = {}
+        """Per quota, its candidates' distinct priorities in order and the GPUs of those below each."""
         self.taken: set[str] = set()
         self._first: dict[str, int] = {}
         self._on_host: dict[str | None, list[tuple[tuple, Job]]] | None = None
@@ -112,8 +115,8 @@ class Candidates:
         rule = quota.preemption.within_quota
         if rule == "never":
             return 0
-        by_priority = self._own.get(quota.name)
-        if by_priority is None:
+        totals = self._own.get(quota.name)
+        if totals is None:
             # The running jobs' own count when the quota's rules cannot spare one of them at this now:
             # most cycles search, and would otherwise walk a quota's jobs only for this bound.
             by_priority = self._running.stoppable_gpus(quota.name) if spares_none(quota) else None
@@ -122,11 +125,12 @@ class Candidates:
                 for job in self._running.of_quota(quota.name):
                     if may_be_preempted(job, quota, self.now):
                         by_priority[job.priority] = by_priority.get(job.priority, 0) + job.gpus
-            self._own[quota.name] = by_priority
+            priorities = sorted(by_priority)
+            totals = self._own[quota.name] = (priorities, [0, *accumulate(by_priority[p] for p in priorities)])
+        priorities, gpus = totals
         # lower_priority: strictly lower; lower_or_newer_equal_priority: equal ones may qualify too.
-        strictly = rule == "lower_priority"
-        return sum(gpus for priority, gpus in by_priority.items()
-                   if priority < preemptor.priority or (not strictly and priority == preemptor.priority))
+        count = (bisect_left if rule == "lower_priority" else bisect_right)(priorities, preemptor.priority)
+        return gpus[count]
 
     def lowest_priority(self, name: str) -> int | None:
         """The lowest priority among a quota's candidates not yet taken, or None."""

@@ -41,7 +41,7 @@ from collections import defaultdict
 
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.candidates import Candidates
-from airflow_quota_provider.policy.capacity import ever_fits, usage_for
+from airflow_quota_provider.policy.capacity import ever_fits, ever_fits_each, usage_for
 from airflow_quota_provider.policy.config import Quota
 from airflow_quota_provider.policy.decision import Decision, Pending, Preemption, Rejection
 from airflow_quota_provider.policy.ordering import entry_key, queue_order
@@ -116,7 +116,6 @@ class _Cycle:
         self._search_failed: dict[tuple[str, bool], tuple[int, int]] = {}
         self.handled: set[str] = set()
         """Waiting jobs rejected, held or placed in this cycle: the passes skip them."""
-        self._may_search = {name: _rules_allow_victims(quota) for name, quota in self.quotas.items()}
 
     def run(self, explain: bool) -> Decision:
         self._reject()
@@ -140,9 +139,10 @@ class _Cycle:
         """Jobs that can never run; a quota whose largest and highest-priority jobs pass is skipped."""
         rejected: list[tuple[tuple, Rejection]] = []
         largest_host = None if self.placement is None else self.placement.largest
+        most_of = ever_fits_each(self.state.quotas, self.state.capacity, self.state.cohorts)
         for name in self.backlog.quotas():
             quota = self.quotas[name]
-            most = ever_fits(quota, self.state.quotas, self.state.capacity, self.state.cohorts)
+            most = most_of[name]
             if self.backlog.largest(name) <= (most if largest_host is None else min(most, largest_host)) and (
                 quota.max_priority is None or self.backlog.highest_priority(name) <= quota.max_priority
             ):
@@ -230,7 +230,9 @@ class _Cycle:
         smallest = self.backlog.smallest(name)
         if not self._failed_at_most(self._fit_failed, name, borrow, smallest):
             return False
-        return not self._may_search[name][borrow] or self._failed_at_most(self._search_failed, name, borrow, smallest)
+        return not _rules_allow_victims(self.quotas[name], borrow) or self._failed_at_most(
+            self._search_failed, name, borrow, smallest
+        )
 
     def _place(self, job: Job, *, borrow: bool) -> bool:
         """Start, hold or preempt for ``job``; False when it has to wait."""
@@ -402,9 +404,9 @@ class _Cycle:
             self.decision.pending.append(Pending(job.id, positions[job.quota], reason, self.awaiting.get(job.id, [])))
 
 
-def _rules_allow_victims(quota: Quota) -> dict[bool, bool]:
-    """Whether any rule of ``quota`` allows a victim at all, per pass (``borrow`` flag)."""
+def _rules_allow_victims(quota: Quota, borrow: bool) -> bool:
+    """Whether any rule of ``quota`` allows a victim at all in a pass (its ``borrow`` flag)."""
     policy = quota.preemption
-    own = policy.within_quota != "never"
-    reclaim = own or policy.reclaim != "never"
-    return {False: reclaim, True: reclaim or policy.borrow_within is not None}
+    if policy.within_quota != "never" or policy.reclaim != "never":
+        return True
+    return borrow and policy.borrow_within is not None
