@@ -1,5 +1,6 @@
 """The waiting jobs of one job queue: per quota, in queue order, with the figures a cycle needs to
-skip a whole quota at once (its smallest and largest request, its highest priority).
+skip a whole quota at once (its smallest and largest request, its highest priority) or the jobs of
+a quota too large to start (:meth:`Backlog.next_smaller`).
 
 :func:`~airflow_quota_provider.policy.decide` builds one from ``State.pending`` when given a plain
 list of jobs. A caller that decides often over a long backlog (the simulator) keeps one up to date
@@ -27,18 +28,24 @@ Entry = tuple[tuple, "Job"]
 class Backlog:
     """Waiting jobs by quota, each quota's list in queue order (priority, then FIFO)."""
 
-    __slots__ = ("_entries", "_jobs", "_gpus", "_priorities")
+    __slots__ = ("_entries", "_jobs", "_sizes", "_priorities")
 
     def __init__(self, jobs: Iterable[Job] = ()) -> None:
         self._entries: dict[str, list[Entry]] = {}
         self._jobs: dict[str, Job] = {}
-        self._gpus: dict[str, dict[int, int]] = {}
+        self._sizes: dict[str, dict[int, list[tuple]]] = {}
+        """Per quota and number of GPUs, the keys of the jobs asking for that many, in queue order."""
         self._priorities: dict[str, dict[int, int]] = {}
         for job in jobs:
             self._count(job)
-            self._entries.setdefault(job.quota, []).append((queue_order(job), job))
+            key = queue_order(job)
+            self._entries.setdefault(job.quota, []).append((key, job))
+            self._sizes.setdefault(job.quota, {}).setdefault(job.gpus, []).append(key)
         for entries in self._entries.values():
             entries.sort()
+        for sizes in self._sizes.values():
+            for keys in sizes.values():
+                keys.sort()
 
     @classmethod
     def of(cls, pending: Iterable[Job]) -> Backlog:
@@ -48,25 +55,31 @@ class Backlog:
         if job.id in self._jobs:
             raise ValueError(f"job {job.id!r} is already waiting")
         self._jobs[job.id] = job
-        for counts, value in ((self._gpus, job.gpus), (self._priorities, job.priority)):
-            by_value = counts.setdefault(job.quota, {})
-            by_value[value] = by_value.get(value, 0) + 1
+        by_priority = self._priorities.setdefault(job.quota, {})
+        by_priority[job.priority] = by_priority.get(job.priority, 0) + 1
 
     def add(self, job: Job) -> None:
         self._count(job)
-        insort(self._entries.setdefault(job.quota, []), (queue_order(job), job))
+        key = queue_order(job)
+        insort(self._entries.setdefault(job.quota, []), (key, job))
+        insort(self._sizes.setdefault(job.quota, {}).setdefault(job.gpus, []), key)
 
     def remove(self, job_id: str) -> Job:
         job = self._jobs.pop(job_id)
+        key = queue_order(job)
         entries = self._entries[job.quota]
-        del entries[bisect_left(entries, (queue_order(job),))]
-        for counts, value in ((self._gpus, job.gpus), (self._priorities, job.priority)):
-            by_value = counts[job.quota]
-            by_value[value] -= 1
-            if not by_value[value]:
-                del by_value[value]
+        del entries[bisect_left(entries, (key,))]
+        sizes = self._sizes[job.quota]
+        keys = sizes[job.gpus]
+        del keys[bisect_left(keys, key)]
+        if not keys:
+            del sizes[job.gpus]
+        by_priority = self._priorities[job.quota]
+        by_priority[job.priority] -= 1
+        if not by_priority[job.priority]:
+            del by_priority[job.priority]
         if not entries:
-            del self._entries[job.quota], self._gpus[job.quota], self._priorities[job.quota]
+            del self._entries[job.quota], self._sizes[job.quota], self._priorities[job.quota]
         return job
 
     def get(self, job_id: str) -> Job | None:
@@ -96,10 +109,25 @@ class Backlog:
 
     # Distinct sizes and priorities are few, so these are cheap however long the queue is.
     def smallest(self, quota: str) -> int:
-        return min(self._gpus[quota])
+        return min(self._sizes[quota])
 
     def largest(self, quota: str) -> int:
-        return max(self._gpus[quota])
+        return max(self._sizes[quota])
+
+    def next_smaller(self, quota: str, index: int, gpus: float) -> int:
+        """The position in :meth:`entries` of ``quota``'s first job from ``index`` on that asks for
+        fewer than ``gpus`` GPUs; the length of its entries when there is none."""
+        entries = self.entries(quota)
+        if index >= len(entries):
+            return index
+        key = entries[index][0]
+        first = None
+        for size, keys in self._sizes[quota].items():
+            if size < gpus:
+                at = bisect_left(keys, key)
+                if at < len(keys) and (first is None or keys[at] < first):
+                    first = keys[at]
+        return len(entries) if first is None else bisect_left(entries, (first,))
 
     def highest_priority(self, quota: str) -> int:
         return max(self._priorities[quota])

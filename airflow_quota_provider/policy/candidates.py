@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
+from itertools import accumulate
 
 from airflow_quota_provider.policy.capacity import Usage
 from airflow_quota_provider.policy.config import PreemptionPolicy, Quota
@@ -15,8 +16,10 @@ from airflow_quota_provider.policy.preemption_policy import (
     finishes_within_grace,
     may_be_preempted,
     reclaim_ceiling,
+    spares_none,
     within_quota_allows,
 )
+from airflow_quota_provider.policy.running import Running
 from airflow_quota_provider.policy.state import Job
 
 # A victim's reason: the rule that allowed it.
@@ -39,26 +42,19 @@ class Candidates:
     victims to wait for instead of preempting; otherwise in :func:`victim_order`, as without runtimes.
     """
 
-    def __init__(self, running: tuple[Job, ...], quotas: dict[str, Quota], now: float) -> None:
-        self._all_running = running
-        self._running: dict[str, list[Job]] | None = None
+    def __init__(self, running: Running, quotas: dict[str, Quota], now: float) -> None:
+        self._running = running
         self._quotas = quotas
         self.now = now
         self._sorted: dict[str, list[tuple[tuple, Job]]] = {}
-        self._totals: dict[str, tuple[list[int], list[int]]] = {}
+        self._own: dict[str, tuple[list[int], list[int]]] = {}
+        """Per quota, its candidates' distinct priorities in order and the GPUs of those below each."""
         self.taken: set[str] = set()
         self._first: dict[str, int] = {}
         self._on_host: dict[str | None, list[tuple[tuple, Job]]] | None = None
         self._host_gpus: dict[str | None, int] = {}
-        self._by_work: bool | None = None
-
-    @property
-    def by_work(self) -> bool:
-        """Whether some running job has an expected runtime; looked at on the first search only (most
-        cycles search for nobody, and the simulator decides ~10^5 times)."""
-        if self._by_work is None:
-            self._by_work = any(job.expected_runtime_s is not None for job in self._all_running)
-        return self._by_work
+        self.by_work = running.with_runtime > 0
+        """Whether some running job has an expected runtime."""
 
     def order(self, job: Job) -> tuple:
         """``job``'s key in this decision's victim order."""
@@ -74,11 +70,7 @@ class Candidates:
         """A quota's candidates as ``(victim order key, job)``, lowest priority first."""
         entries = self._sorted.get(name)
         if entries is None:
-            if self._running is None:  # grouped once, on the first search of the cycle
-                self._running = {}
-                for job in self._all_running:
-                    self._running.setdefault(job.quota, []).append(job)
-            quota, now, jobs = self._quotas[name], self.now, self._running.get(name, ())
+            quota, now, jobs = self._quotas[name], self.now, self._running.of_quota(name)
             if self.by_work:  # self.order(job), without two property look-ups per job
                 entries = [
                     (victim_order_by_work(job, now, finishes_within_grace(job, quota, now)), job)
@@ -101,7 +93,7 @@ class Candidates:
         """Per host, every quota's candidates there, in victim order."""
         if self._on_host is None:
             self._on_host = {}
-            for job in self._all_running:
+            for job in self._running:
                 if job.id not in self.taken and may_be_preempted(job, self._quotas[job.quota], self.now):
                     self._on_host.setdefault(job.host, []).append((self.order(job), job))
                     self._host_gpus[job.host] = self._host_gpus.get(job.host, 0) + job.gpus
@@ -123,13 +115,18 @@ class Candidates:
         rule = quota.preemption.within_quota
         if rule == "never":
             return 0
-        totals = self._totals.get(quota.name)
+        totals = self._own.get(quota.name)
         if totals is None:
-            priorities, gpus = [], [0]
-            for _, job in self.entries(quota.name):
-                priorities.append(job.priority)
-                gpus.append(gpus[-1] + job.gpus)
-            totals = self._totals[quota.name] = (priorities, gpus)
+            # The running jobs' own count when the quota's rules cannot spare one of them at this now:
+            # most cycles search, and would otherwise walk a quota's jobs only for this bound.
+            by_priority = self._running.stoppable_gpus(quota.name) if spares_none(quota) else None
+            if by_priority is None:
+                by_priority = {}
+                for job in self._running.of_quota(quota.name):
+                    if may_be_preempted(job, quota, self.now):
+                        by_priority[job.priority] = by_priority.get(job.priority, 0) + job.gpus
+            priorities = sorted(by_priority)
+            totals = self._own[quota.name] = (priorities, [0, *accumulate(by_priority[p] for p in priorities)])
         priorities, gpus = totals
         # lower_priority: strictly lower; lower_or_newer_equal_priority: equal ones may qualify too.
         count = (bisect_left if rule == "lower_priority" else bisect_right)(priorities, preemptor.priority)

@@ -41,16 +41,27 @@ def borrowed(quota: Quota, used: int) -> int:
 
 
 def ever_fits(quota: Quota, quotas: Iterable[Quota], capacity: int, cohorts: Sequence[Cohort] = ()) -> int:
-    """The most GPUs ``quota`` can ever hold: its capacity, plus what it may borrow when all else is idle."""
+    """The most GPUs ``quota`` (one of ``quotas``) can ever hold: its capacity, plus what it may borrow
+    when all else is idle."""
+    return ever_fits_each(quotas, capacity, cohorts)[quota.name]
+
+
+def ever_fits_each(quotas: Iterable[Quota], capacity: int, cohorts: Sequence[Cohort] = ()) -> dict[str, int]:
+    """:func:`ever_fits` of every quota of a job queue, for the cost of one."""
+    quotas = tuple(quotas)
     if cohorts:
-        return CohortTree(capacity, tuple(quotas), tuple(cohorts)).most(quota.name)
-    if not quota.borrows:
-        return quota.capacity
-    others_private = sum(q.private for q in quotas if q.name != quota.name)
-    most = capacity - others_private
-    if quota.borrow_limit is not None:
-        most = min(most, quota.capacity + quota.borrow_limit)
-    return most
+        tree = CohortTree(capacity, quotas, tuple(cohorts))
+        return {quota.name: tree.most(quota.name) for quota in quotas}
+    private = sum(q.private for q in quotas)
+    result = {}
+    for quota in quotas:
+        most = quota.capacity
+        if quota.borrows:
+            most = capacity - (private - quota.private)  # all but the others' private capacity
+            if quota.borrow_limit is not None:
+                most = min(most, quota.capacity + quota.borrow_limit)
+        result[quota.name] = most
+    return result
 
 
 class Usage:

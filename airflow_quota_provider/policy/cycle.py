@@ -45,7 +45,7 @@ from collections import defaultdict
 
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.candidates import Candidates
-from airflow_quota_provider.policy.capacity import ever_fits, usage_for
+from airflow_quota_provider.policy.capacity import ever_fits, ever_fits_each, usage_for
 from airflow_quota_provider.policy.config import Quota
 from airflow_quota_provider.policy.decision import Decision, Pending, Preemption, Rejection
 from airflow_quota_provider.policy.ordering import entry_key, queue_order
@@ -53,6 +53,7 @@ from airflow_quota_provider.policy.placement import Placement, victims_host
 from airflow_quota_provider.policy.preemption import find_victims, search_phases
 from airflow_quota_provider.policy.preemption_policy import effective_max_preemptions, limit_reached, may_preempt
 from airflow_quota_provider.policy.reasons import Explainer
+from airflow_quota_provider.policy.running import Running
 from airflow_quota_provider.policy.state import Job, State
 
 
@@ -99,23 +100,13 @@ class _Cycle:
         self.now = now
         self.quotas = {q.name: q for q in state.quotas}
         self.backlog = Backlog.of(state.pending)
+        self.running = Running.of(state.running)
         self.usage = usage_for(state)
-        self.placement = None if state.hosts is None else Placement(state.hosts, state.running)
-        self.stopping_for: dict[str, list[Job]] = defaultdict(list)
-        # The hottest loop of a cycle (the simulator makes ~10^5 cycles): locals, one pass.
-        in_use: dict[str, int] = defaultdict(int)
-        physical = 0
-        for job in state.running:
-            gpus = job.gpus
-            physical += gpus
-            if job.preempted_for is None:
-                in_use[job.quota] += gpus
-            else:
-                self.stopping_for[job.preempted_for].append(job)
-        self.usage.physical = physical
-        for name, gpus in in_use.items():
+        self.placement = None if state.hosts is None else Placement(state.hosts, self.running)
+        self.usage.physical = self.running.physical
+        for name, gpus in self.running.in_use.items():
             self.usage.add(name, gpus)
-        self.candidates = Candidates(state.running, self.quotas, now)
+        self.candidates = Candidates(self.running, self.quotas, now)
         self.decision = Decision(placed=self.placement is not None)
         self.waiting_for: dict[str, tuple[list[str], str | None]] = {}
         """Held jobs: capacity is theirs, GPUs not yet free; the victims they wait for and the host
@@ -129,16 +120,15 @@ class _Cycle:
         self._search_failed: dict[tuple[str, bool], tuple[int, int]] = {}
         self.handled: set[str] = set()
         """Waiting jobs rejected, held or placed in this cycle: the passes skip them."""
-        self._may_search = {name: _rules_allow_victims(quota) for name, quota in self.quotas.items()}
 
     def run(self, explain: bool) -> Decision:
         self._reject()
         # Held from an earlier cycle; re-checked, since the quota file or the hosts may have changed since.
-        held = [job for job_id in self.stopping_for if (job := self.backlog.get(job_id)) is not None]
+        held = [job for job_id in self.running.preemptors() if (job := self.backlog.get(job_id)) is not None]
         for job in sorted(held, key=queue_order):
             if job.id in self.handled or not self.usage.fits(job.quota, job.gpus, borrow=True):
                 continue
-            victims = self.stopping_for[job.id]
+            victims = self.running.stopping_for(job.id)
             host = None if self.placement is None else victims_host(victims)
             if host is None or self.placement.free_settled[host] >= job.gpus:
                 self._hold(job, sorted(victim.id for victim in victims), host)
@@ -153,9 +143,10 @@ class _Cycle:
         """Jobs that can never run; a quota whose largest and highest-priority jobs pass is skipped."""
         rejected: list[tuple[tuple, Rejection]] = []
         largest_host = None if self.placement is None else self.placement.largest
+        most_of = ever_fits_each(self.state.quotas, self.state.capacity, self.state.cohorts)
         for name in self.backlog.quotas():
             quota = self.quotas[name]
-            most = ever_fits(quota, self.state.quotas, self.state.capacity, self.state.cohorts)
+            most = most_of[name]
             if self.backlog.largest(name) <= (most if largest_host is None else min(most, largest_host)) and (
                 quota.max_priority is None or self.backlog.highest_priority(name) <= quota.max_priority
             ):
@@ -224,6 +215,16 @@ class _Cycle:
         seen = memo.get((name, borrow))
         return seen is not None and seen[0] == self.epoch and seen[1] <= gpus
 
+    def _next_open(self, name: str, borrow: bool, index: int) -> int:
+        """The position of quota ``name``'s first job from ``index`` on that :meth:`_place` would not
+        turn down from what it remembers: one smaller than a job that failed both to fit and to find
+        victims since the last change (jobs at least that large wait too, whatever their place)."""
+        fit = self._fit_failed.get((name, borrow))
+        search = self._search_failed.get((name, borrow))
+        if fit is None or search is None or fit[0] != self.epoch or search[0] != self.epoch:
+            return index
+        return self.backlog.next_smaller(name, index, max(fit[1], search[1]))
+
     def _closed(self, name: str, borrow: bool) -> bool:
         """No job of quota ``name`` left in this pass can start, be held or find victims until the
         epoch changes: a job no larger than the quota's smallest failed both since the last change
@@ -233,7 +234,9 @@ class _Cycle:
         smallest = self.backlog.smallest(name)
         if not self._failed_at_most(self._fit_failed, name, borrow, smallest):
             return False
-        return not self._may_search[name][borrow] or self._failed_at_most(self._search_failed, name, borrow, smallest)
+        return not _rules_allow_victims(self.quotas[name], borrow) or self._failed_at_most(
+            self._search_failed, name, borrow, smallest
+        )
 
     def _place(self, job: Job, *, borrow: bool) -> bool:
         """Start, hold or preempt for ``job``; False when it has to wait."""
@@ -298,33 +301,46 @@ class _Cycle:
         """Every waiting job in queue order across quotas: start it or reclaim for it if it fits
         within its quota's capacity.
 
-        A closed quota is set aside; when the epoch changes, it rejoins at its first job after the
-        last one looked at (those it skipped would have failed)."""
+        A closed quota is set aside, and one whose next jobs would be turned down goes on at its first
+        that would not (:meth:`_next_open`); when the epoch changes, both rejoin at their first job
+        after the last one looked at (those they skipped would have failed)."""
         backlog = self.backlog
         heap = [(entries[0][0], name, 0) for name in backlog.quotas() if (entries := backlog.entries(name))]
         heapq.heapify(heap)
-        closed: list[str] = []
+        at: dict[str, int | None] = {name: 0 for _, name, _ in heap}
+        """Each quota's position in the heap; an entry at another one is stale (it rejoined earlier)."""
+        aside: list[str] = []
         epoch = self.epoch
         while heap:
             key, name, index = heapq.heappop(heap)
+            if at[name] != index:
+                continue
+            at[name] = None
             entries = backlog.entries(name)
             job = entries[index][1]
+            following = index + 1
             if job.id not in self.handled:
                 if self._closed(name, borrow=False):
-                    closed.append(name)
+                    aside.append(name)
                     continue
                 if self._place(job, borrow=False):
                     self.handled.add(job.id)
-            if index + 1 < len(entries):
-                heapq.heappush(heap, (entries[index + 1][0], name, index + 1))
+                else:
+                    following = self._next_open(name, False, following)
+                    if following > index + 1:
+                        aside.append(name)
+            if following < len(entries):
+                heapq.heappush(heap, (entries[following][0], name, following))
+                at[name] = following
             if self.epoch != epoch:
                 epoch = self.epoch
-                for other in closed:
+                for other in aside:
                     entries = backlog.entries(other)
                     index = bisect_right(entries, key, key=entry_key)
-                    if index < len(entries):
+                    if index < len(entries) and (at[other] is None or index < at[other]):
                         heapq.heappush(heap, (entries[index][0], other, index))
-                closed.clear()
+                        at[other] = index
+                aside.clear()
 
     def _borrowing_pass(self) -> None:
         """Place the rest, lowest borrowed share per weight first (with cohorts: nearest level first)."""
@@ -342,8 +358,9 @@ class _Cycle:
                 continue
             entries = backlog.entries(name)
             index = position[name]
-            # A job that has to wait changes no share, so this quota stays first: go on with it (with
-            # cohorts, the next job may borrow at another level: back to the heap).
+            # A job that has to wait changes no share, so this quota stays first: go on with it, at its
+            # next job that may not have to wait (with cohorts, the next job may borrow at another
+            # level: back to the heap).
             while index < len(entries):
                 job = entries[index][1]
                 index += 1
@@ -356,6 +373,8 @@ class _Cycle:
                     break
                 elif tree:
                     break
+                else:
+                    index = self._next_open(name, True, index)
             position[name] = index
             if index < len(entries):
                 heapq.heappush(heap, (key(name), name))
@@ -389,9 +408,9 @@ class _Cycle:
             self.decision.pending.append(Pending(job.id, positions[job.quota], reason, self.awaiting.get(job.id, [])))
 
 
-def _rules_allow_victims(quota: Quota) -> dict[bool, bool]:
-    """Whether any rule of ``quota`` allows a victim at all, per pass (``borrow`` flag)."""
+def _rules_allow_victims(quota: Quota, borrow: bool) -> bool:
+    """Whether any rule of ``quota`` allows a victim at all in a pass (its ``borrow`` flag)."""
     policy = quota.preemption
-    own = policy.within_quota != "never"
-    reclaim = own or policy.reclaim != "never"
-    return {False: reclaim, True: reclaim or policy.borrow_within is not None}
+    if policy.within_quota != "never" or policy.reclaim != "never":
+        return True
+    return borrow and policy.borrow_within is not None

@@ -5,8 +5,12 @@ Each function answers for one rule of DESIGN §2 and nothing else; the candidate
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from airflow_quota_provider.policy.config import Quota
-from airflow_quota_provider.policy.state import Job
+
+if TYPE_CHECKING:  # .state imports .running, which counts jobs with stoppable(): types only here
+    from airflow_quota_provider.policy.state import Job
 
 
 def within_quota_allows(policy: str, preemptor: Job, candidate: Job) -> bool:
@@ -52,10 +56,15 @@ def limit_reached(job: Job, quota: Quota) -> bool:
     return limit is not None and job.preemptions >= limit
 
 
+def stoppable(job: Job) -> bool:
+    """What a running job says of itself for :func:`may_be_preempted`: preemptible, not already stopping."""
+    return job.preemptible and job.preempted_for is None
+
+
 def may_be_preempted(job: Job, quota: Quota, now: float) -> bool:
-    """A running job is a candidate at all: preemptible, not already stopping, past ``min_runtime_s``,
-    and not protected by ``on_preemption_limit: protect`` once its retries are used up."""
-    if not job.preemptible or job.preempted_for is not None:
+    """A running job is a candidate at all: :func:`stoppable`, past ``min_runtime_s``, and not
+    protected by ``on_preemption_limit: protect`` once its retries are used up."""
+    if not stoppable(job):
         return False
     min_runtime = job.min_runtime_s if job.min_runtime_s is not None else quota.min_runtime_s
     # Without a minimum a job is a candidate however its start time compares with now (a start
@@ -63,6 +72,12 @@ def may_be_preempted(job: Job, quota: Quota, now: float) -> bool:
     if min_runtime > 0 and job.started_at is not None and now - job.started_at < min_runtime:
         return False
     return not (quota.on_preemption_limit == "protect" and limit_reached(job, quota))
+
+
+def spares_none(quota: Quota) -> bool:
+    """Whether ``quota``'s own rules spare none of its stoppable jobs: :func:`may_be_preempted` is then
+    :func:`stoppable` at any ``now`` for each of them without a ``min_runtime_s`` of its own."""
+    return quota.min_runtime_s <= 0 and quota.on_preemption_limit != "protect"
 
 
 def may_preempt(job: Job, quota: Quota, now: float) -> bool:

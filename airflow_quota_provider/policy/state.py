@@ -2,8 +2,10 @@
 
 :class:`State` is plain, immutable data. The executor builds it from its tables, the simulator from
 its event loop, and the decision-file CLI from JSON through :func:`parse_state`. The one exception:
-the simulator passes its waiting jobs as a :class:`~airflow_quota_provider.policy.backlog.Backlog`
-that it updates between decisions (``decide`` only reads it).
+the simulator passes its waiting and running jobs as a
+:class:`~airflow_quota_provider.policy.backlog.Backlog` and a
+:class:`~airflow_quota_provider.policy.running.Running` that it updates between decisions
+(``decide`` only reads them).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from airflow_quota_provider.policy.config import (
 from airflow_quota_provider.policy.errors import PolicyError
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.fields import Fields
+from airflow_quota_provider.policy.running import Running
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,8 @@ class State:
 
     capacity: int
     quotas: tuple[Quota, ...]
-    running: tuple[Job, ...]
+    running: tuple[Job, ...] | Running
+    """The running jobs: any sequence, or a :class:`Running` kept up to date by the caller."""
     pending: tuple[Job, ...] | Backlog
     """The waiting jobs: any sequence, or a :class:`Backlog` kept up to date by the caller."""
     hosts: tuple[Host, ...] | None = None
@@ -96,15 +100,16 @@ class State:
     def for_queue(
         cls,
         queue: Queue,
-        running: Iterable[Job],
+        running: Iterable[Job] | Running,
         pending: Iterable[Job] | Backlog,
         hosts: Iterable[Host] | None = None,
     ) -> State:
+        running = running if isinstance(running, Running) else tuple(running)
         pending = pending if isinstance(pending, Backlog) else tuple(pending)
         return cls(
             capacity=queue.capacity,
             quotas=queue.quotas,
-            running=tuple(running),
+            running=running,
             pending=pending,
             hosts=None if hosts is None else tuple(hosts),
             cohorts=queue.cohorts,

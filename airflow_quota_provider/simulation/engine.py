@@ -36,7 +36,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_quota_provider.policy import Host, Job, Queue, QuotaFile, State, decide as policy_decide
@@ -44,11 +44,21 @@ from airflow_quota_provider.policy.accounting import Hold, lost_span, within
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.capacity import CohortTree
 from airflow_quota_provider.policy.preemption_policy import grace_period_of
+from airflow_quota_provider.policy.running import Running
 from airflow_quota_provider.simulation.policies import PolicySetup
 from airflow_quota_provider.simulation.workload import InputError, TraceJob
 
 # Event priorities at equal time: capacity is freed before new work arrives; the policy runs last.
 FINISH, STOP, ARRIVE, DECIDE = 0, 1, 2, 3
+
+
+def _changed(job: Job, **changes: Any) -> Job:
+    """``dataclasses.replace(job, **changes)`` for a fifth of its cost (a replay changes ~500,000 jobs,
+    most of them to note a checkpoint): a :class:`Job` is plain frozen data, each field kept as given
+    (no ``__post_init__``), so its attributes with the changes make the job ``replace`` would build."""
+    changed = object.__new__(Job)
+    changed.__dict__.update(job.__dict__, **changes)
+    return changed
 
 
 class CheckError(RuntimeError):
@@ -177,8 +187,8 @@ class _QueueRun:
         self.host_gpus = {h.name: h.gpus for h in hosts or ()}
         self.host_used = dict.fromkeys(self.host_gpus, 0)
         self.largest_host = max(self.host_gpus.values()) if hosts else None
-        self.running: dict[str, Job] = {}
-        self.pending = Backlog()  # kept between decisions, so that one costs what it places
+        self.running = Running()  # both kept between decisions, so that one costs what it places
+        self.pending = Backlog()
         self.used = 0
         self.decide_at: float | None = None
         self.checkpoints: list[tuple[float, int, str]] = []
@@ -265,12 +275,15 @@ class Simulator:
         self.quota_file = quota_file
         self.jobs: dict[str, SimJob] = {}
         teams_unknown: dict[str, None] = {}
+        placed: dict[str, tuple[str, str] | None] = {}  # per team, its quota and job queue: teams are few
         for trace in jobs:
-            quota = quota_file.quota_for_team(trace.team)
-            if quota is None:
+            if trace.team not in placed:
+                quota = quota_file.quota_for_team(trace.team)
+                placed[trace.team] = None if quota is None else (quota, quota_file.queue_of(quota).name)
+            if placed[trace.team] is None:
                 teams_unknown[trace.team] = None
                 continue
-            queue_name = quota_file.queue_of(quota).name
+            quota, queue_name = placed[trace.team]
             run = self.queues[queue_name]
             priority = 0 if setup.equal_priority else (trace.priority or 0)
             checkpoint = trace.checkpoint_interval_s if trace.checkpoint_interval_s is not None else checkpoint_interval_s
@@ -317,7 +330,7 @@ class Simulator:
         job.status = "pending"
         job.ready_at = now
         if job.estimate_factor is not None:  # as the executor's waiting jobs carry theirs, for the forecast
-            job.job = replace(job.job, expected_runtime_s=job.remaining * job.estimate_factor)
+            job.job = _changed(job.job, expected_runtime_s=job.remaining * job.estimate_factor)
         job.queue.pending.add(job.job)
         usage.pending_gpus += job.trace.gpus
         usage.pending_jobs += 1
@@ -333,7 +346,7 @@ class Simulator:
         job.queue.used -= job.trace.gpus
         if job.job.host is not None:
             job.queue.host_used[job.job.host] -= job.trace.gpus
-        del job.queue.running[job.trace.id]
+        job.queue.running.remove(job.trace.id)
         job.busy += (now - job.start) * job.trace.gpus
         self._record(usage, -job.trace.gpus, 0)
         self._mark(job.queue)
@@ -362,7 +375,7 @@ class Simulator:
             job.status = "failed"
             job.end = now
             return
-        job.job = replace(job.job, started_at=None, last_checkpoint_at=None, preempted_for=None, host=None,
+        job.job = _changed(job.job, started_at=None, last_checkpoint_at=None, preempted_for=None, host=None,
                           preemptions=job.job.preemptions + 1)
         self._enqueue(job, now)
 
@@ -374,8 +387,8 @@ class Simulator:
             if job.status != "running" or job.attempt != attempt:
                 continue
             last = job.start + math.floor((now - job.start) / job.checkpoint) * job.checkpoint
-            job.job = replace(job.job, last_checkpoint_at=last)
-            run.running[job_id] = job.job
+            job.job = _changed(job.job, last_checkpoint_at=last)
+            run.running.replace(job.job)
             heapq.heappush(heap, (last + job.checkpoint, attempt, job_id))
 
     def _decide(self, run: _QueueRun) -> None:
@@ -384,7 +397,7 @@ class Simulator:
         if not run.pending:
             return  # nothing to admit, reject or preempt for: the decision is empty by definition
         self._refresh_checkpoints(run, now)
-        state = State.for_queue(run.queue, run.running.values(), run.pending, run.hosts)
+        state = State.for_queue(run.queue, run.running, run.pending, run.hosts)
         decision = self.decide_fn(state, now)
         self.decisions += 1
         if self.on_progress is not None and self.decisions % self.progress_every == 0:
@@ -402,8 +415,8 @@ class Simulator:
                 raise CheckError(f"policy preempted {preemption.id!r}, which is not running in queue {run.queue.name}")
             if job.job.preempted_for is not None:
                 raise CheckError(f"policy preempted {preemption.id!r} again while it is still stopping")
-            job.job = replace(job.job, preempted_for=preemption.for_)
-            run.running[job.trace.id] = job.job
+            job.job = _changed(job.job, preempted_for=preemption.for_)
+            run.running.replace(job.job)
             job.preemptions += 1
             job.stop_fail = bool(preemption.fail)
             job.message = preemption.message if preemption.fail else ""
@@ -421,7 +434,7 @@ class Simulator:
         a running job passing its ``min_runtime_s``, or a waiting one its ``preemption_delay_s``."""
         quotas = {q.name: q for q in run.queue.quotas}
         wake = math.inf
-        for job in run.running.values():
+        for job in run.running:
             if job.preempted_for is None:
                 min_runtime = job.min_runtime_s if job.min_runtime_s is not None else quotas[job.quota].min_runtime_s
                 if job.started_at + min_runtime > now:
@@ -477,8 +490,8 @@ class Simulator:
         if job.first_start is None:
             job.first_start = now
         expected = None if job.estimate_factor is None else job.remaining * job.estimate_factor
-        job.job = replace(job.job, started_at=now, last_checkpoint_at=now, host=host, expected_runtime_s=expected)
-        run.running[job.trace.id] = job.job
+        job.job = _changed(job.job, started_at=now, last_checkpoint_at=now, host=host, expected_runtime_s=expected)
+        run.running.add(job.job)
         self.env.schedule(now + job.remaining, FINISH, self._finish, job, job.attempt)
         if job.checkpoint > 0:
             heapq.heappush(run.checkpoints, (now + job.checkpoint, job.attempt, job.trace.id))
@@ -491,7 +504,7 @@ class Simulator:
         if stuck:
             sample = stuck[0]
             run = sample.queue
-            decision = policy_decide(State.for_queue(run.queue, run.running.values(), run.pending, run.hosts),
+            decision = policy_decide(State.for_queue(run.queue, run.running, run.pending, run.hosts),
                                      self.env.now)
             reason = next((p.reason for p in decision.pending if p.id == sample.trace.id), "no reason given")
             raise CheckError(

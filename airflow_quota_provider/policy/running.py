@@ -1,0 +1,126 @@
+"""The running jobs of one job queue: per quota, with the sums a cycle starts from (the GPUs they
+hold, per quota and in all, and the victims still stopping for each preemptor).
+
+:func:`~airflow_quota_provider.policy.decide` builds one from ``State.running`` when given a plain
+list of jobs. A caller that decides often (the simulator) keeps one up to date between cycles
+instead (:meth:`Running.add`, :meth:`Running.remove`, :meth:`Running.replace`) and passes it as
+``State.running``: a cycle then starts from these sums, not from a walk over every running job.
+``decide`` never changes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from airflow_quota_provider.policy.preemption_policy import stoppable
+
+if TYPE_CHECKING:
+    from airflow_quota_provider.policy.state import Job
+
+
+class Running:
+    """Running jobs by quota, with what they hold counted as they come and go."""
+
+    __slots__ = ("_jobs", "_by_quota", "physical", "in_use", "_stopping", "_stoppable", "_own_min_runtime",
+                 "with_runtime")
+
+    def __init__(self, jobs: Iterable[Job] = ()) -> None:
+        self._jobs: dict[str, Job] = {}
+        self._by_quota: dict[str, dict[str, Job]] = {}
+        self.physical = 0
+        """GPUs all of them hold, stopping victims included."""
+        self.in_use: dict[str, int] = {}
+        """Per quota, the GPUs its jobs hold that are not stopping (only quotas holding some)."""
+        self._stopping: dict[str, dict[str, Job]] = {}
+        self._stoppable: dict[str, dict[int, int]] = {}
+        self._own_min_runtime: dict[str, int] = {}
+        self.with_runtime = 0
+        """How many have an expected runtime."""
+        for job in jobs:
+            self.add(job)
+
+    @classmethod
+    def of(cls, running: Iterable[Job]) -> Running:
+        return running if isinstance(running, Running) else cls(running)
+
+    def add(self, job: Job) -> None:
+        if job.id in self._jobs:
+            raise ValueError(f"job {job.id!r} is already running")
+        self._jobs[job.id] = job
+        self._by_quota.setdefault(job.quota, {})[job.id] = job
+        self._count(job, 1)
+
+    def remove(self, job_id: str) -> Job:
+        job = self._jobs.pop(job_id)
+        jobs = self._by_quota[job.quota]
+        del jobs[job_id]
+        if not jobs:
+            del self._by_quota[job.quota]
+        self._count(job, -1)
+        return job
+
+    def replace(self, job: Job) -> None:
+        """The running job of ``job.id`` is now ``job`` (chosen as a victim, or checkpointed)."""
+        self.remove(job.id)
+        self.add(job)
+
+    def _count(self, job: Job, sign: int) -> None:
+        gpus = sign * job.gpus
+        self.physical += gpus
+        if job.expected_runtime_s is not None:
+            self.with_runtime += sign
+        if job.preempted_for is not None:
+            victims = self._stopping.setdefault(job.preempted_for, {})
+            if sign > 0:
+                victims[job.id] = job
+            else:
+                del victims[job.id]
+                if not victims:
+                    del self._stopping[job.preempted_for]
+            return
+        _change(self.in_use, job.quota, gpus)
+        if not stoppable(job):
+            return
+        if job.min_runtime_s is None:
+            _change(self._stoppable.setdefault(job.quota, {}), job.priority, gpus)
+        else:
+            _change(self._own_min_runtime, job.quota, sign)
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self._jobs.values())
+
+    def of_quota(self, quota: str) -> Iterable[Job]:
+        """A quota's running jobs, stopping ones included."""
+        jobs = self._by_quota.get(quota)
+        return () if jobs is None else jobs.values()
+
+    def preemptors(self) -> list[str]:
+        """The jobs that victims still stopping were chosen for."""
+        return list(self._stopping)
+
+    def stopping_for(self, preemptor: str) -> list[Job]:
+        """The victims still stopping for ``preemptor``."""
+        return list(self._stopping.get(preemptor, {}).values())
+
+    def stoppable_gpus(self, quota: str) -> dict[int, int] | None:
+        """Per priority, the GPUs of ``quota``'s :func:`stoppable` jobs; None when one of them has a
+        ``min_runtime_s`` of its own (a rule that depends on ``now``, so this count cannot say)."""
+        if self._own_min_runtime.get(quota):
+            return None
+        return self._stoppable.get(quota, {})
+
+
+def _change(counts: dict, key: object, delta: int) -> None:
+    """Add ``delta`` to ``counts[key]``, keeping only non-zero counts."""
+    value = counts.get(key, 0) + delta
+    if value:
+        counts[key] = value
+    else:
+        counts.pop(key, None)
