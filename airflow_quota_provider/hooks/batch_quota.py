@@ -56,6 +56,7 @@ _LOCAL_ONLY = {
     "max_priority": None,
     "grace_period_s": 120.0,
     "min_runtime_s": 0.0,
+    "spare_finishing_within_s": 0.0,
     "preemption_delay_s": 0.0,
     "on_preemption_limit": "fail",
 }

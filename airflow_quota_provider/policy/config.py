@@ -56,6 +56,10 @@ class Quota:
     preemption: PreemptionPolicy = field(default_factory=PreemptionPolicy)
     grace_period_s: float = 120.0
     min_runtime_s: float = 0.0
+    spare_finishing_within_s: float = 0.0
+    """A running job of this quota expected to end within this many seconds (or within its grace
+    period, whichever is longer) is waited for, not preempted: stopping it would lose its work to free
+    GPUs a little sooner. 0: only the grace period. Acts only on jobs with an expected runtime."""
     preemption_delay_s: float = 0.0
     max_preemptions: int | None = None
     on_preemption_limit: str = "fail"
@@ -190,6 +194,7 @@ def parse_quota(data: Any, path: str) -> Quota:
         preemption=preemption,
         grace_period_s=fields.number("grace_period_s", Quota.grace_period_s),
         min_runtime_s=fields.number("min_runtime_s", Quota.min_runtime_s),
+        spare_finishing_within_s=fields.number("spare_finishing_within_s", Quota.spare_finishing_within_s),
         preemption_delay_s=fields.number("preemption_delay_s", Quota.preemption_delay_s),
         max_preemptions=fields.int("max_preemptions", None, nullable=True),
         on_preemption_limit=fields.str("on_preemption_limit", Quota.on_preemption_limit, choices=ON_PREEMPTION_LIMIT),
@@ -357,6 +362,7 @@ def quota_to_dict(quota: Quota) -> dict[str, Any]:
         },
         "grace_period_s": quota.grace_period_s,
         "min_runtime_s": quota.min_runtime_s,
+        "spare_finishing_within_s": quota.spare_finishing_within_s,
         "preemption_delay_s": quota.preemption_delay_s,
         "max_preemptions": quota.max_preemptions,
         "on_preemption_limit": quota.on_preemption_limit,

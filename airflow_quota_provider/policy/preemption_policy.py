@@ -93,12 +93,17 @@ def grace_period_of(job: Job, quota: Quota) -> float:
 
 def finishes_within_grace(job: Job, quota: Quota, now: float) -> bool:
     """A running job expected to end on its own before a preemption's grace period would: stopping it
-    frees its GPUs no sooner and loses its work, so the search waits for it instead.
+    frees its GPUs no sooner and loses its work, so the search waits for it instead. Its quota's
+    ``spare_finishing_within_s``, when longer, widens that window: its owner accepts that preemptors
+    wait up to that long rather than make a job about to finish lose its run.
 
     A job already past its expected end is treated as one of unknown runtime (the estimate was
-    wrong): it may be preempted, so a wrong estimate delays a reclaim by at most one grace period.
+    wrong): it may be preempted, so a wrong estimate delays a reclaim by at most that window.
     """
     if job.expected_runtime_s is None or job.started_at is None:
         return False
     end = job.started_at + job.expected_runtime_s
-    return now < end <= now + grace_period_of(job, quota)
+    window = grace_period_of(job, quota)
+    if quota.spare_finishing_within_s > window:
+        window = quota.spare_finishing_within_s
+    return now < end <= now + window

@@ -237,7 +237,7 @@ KUEUE_BASELINE_SETS = (
 
 def kueue_baseline(
     *, groups: int = 5, quotas_per_group: int = 6, capacity: int = 20, borrow_limit: int | None = 100,
-    grace_period_s: float = 0.0,
+    grace_period_s: float = 0.0, spare_finishing_within_s: float = 0.0,
 ) -> tuple[QuotaFile, list[TraceJob]]:
     """Kueue's baseline shape: each cohort is one job queue of ``quotas_per_group`` quotas.
 
@@ -245,6 +245,7 @@ def kueue_baseline(
     generator (``generateWlSet`` in ``test/performance/scheduler/runner/generator/generator.go``) waits
     ``creationIntervalMs`` before each creation, the first included. The grace period is 0 (Kueue
     evicts at once; its runner's workloads stop immediately) and a job evicted starts its run over.
+    ``spare_finishing_within_s`` is every quota's (0, as Kueue has no such rule).
     """
     queues = []
     jobs: list[TraceJob] = []
@@ -255,7 +256,7 @@ def kueue_baseline(
             quotas.append(Quota(
                 name=name, capacity=capacity, sharing="lend_and_borrow", borrow_limit=borrow_limit,
                 preemption=PreemptionPolicy(within_quota="lower_priority", reclaim="any"),
-                grace_period_s=grace_period_s,
+                grace_period_s=grace_period_s, spare_finishing_within_s=spare_finishing_within_s,
             ))
             for size, count, interval, runtime, priority, request in KUEUE_BASELINE_SETS:
                 for i in range(count):

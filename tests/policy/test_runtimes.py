@@ -59,6 +59,24 @@ RUNTIMES = [
         id="a victim whose own grace period is longer than its quota's is spared within it",
     ),
     pytest.param(
+        queue(8).quota("a", 4).quota("b", 4, grace_period_s=30.0, spare_finishing_within_s=60.0)
+        .run("b1", "b", 8, 5, **ABOUT_TO_FINISH).wait("a1", "a", 4, 1).build(),
+        [], [], {"a1": ["b1"]},
+        id="a victim ending within its quota's spare_finishing_within_s, past its grace period, is waited for",
+    ),
+    pytest.param(
+        queue(8).quota("a", 4).quota("b", 4, grace_period_s=30.0, spare_finishing_within_s=40.0)
+        .run("b1", "b", 8, 5, **ABOUT_TO_FINISH).wait("a1", "a", 4, 1).build(),
+        [], ["b1"], {},
+        id="a victim ending after both its grace period and spare_finishing_within_s is preempted",
+    ),
+    pytest.param(
+        queue(8).quota("a", 4).quota("b", 4, grace_period_s=30.0, spare_finishing_within_s=10_000.0)
+        .run("b1", "b", 8, 5, started_at=0.0).wait("a1", "a", 4, 1).build(),
+        [], ["b1"], {},
+        id="spare_finishing_within_s spares no victim without an expected runtime",
+    ),
+    pytest.param(
         queue(8).quota("a", 4).quota("b", 4).run("b1", "b", 2, 5, **ABOUT_TO_FINISH).run("b2", "b", 2, 5, **LONG)
         .run("b3", "b", 4, 5, started_at=0.0, expected_runtime_s=20_000.0).wait("a1", "a", 4, 1).build(),
         [], ["b2"], {"a1": ["b1"]},
