@@ -228,10 +228,15 @@ class _Cycle:
     def _closed(self, name: str, borrow: bool) -> bool:
         """No job of quota ``name`` left in this pass can start, be held or find victims until the
         epoch changes: a job no larger than the quota's smallest failed both since the last change
-        (fitting and the search are monotone in GPUs and, in queue order, in priority)."""
-        if not borrow and self.usage.used[name] >= self.quotas[name].capacity:
+        (fitting and the search are monotone in GPUs and, in queue order, in priority), or the quota
+        can neither borrow nor preempt its own jobs and its smallest would take it past its capacity
+        (as under ``static`` and ``fifo``, where most jobs wait for a full quota)."""
+        quota, used = self.quotas[name], self.usage.used[name]
+        if not borrow and used >= quota.capacity:
             return True  # neither fits within its capacity nor may search phase 1: borrowing pass
         smallest = self.backlog.smallest(name)
+        if not quota.borrows and quota.preemption.within_quota == "never" and used + smallest > quota.capacity:
+            return True  # it may not grow past its capacity, and only its own victims would lower its usage
         if not self._failed_at_most(self._fit_failed, name, borrow, smallest):
             return False
         return not _rules_allow_victims(self.quotas[name], borrow) or self._failed_at_most(
