@@ -107,8 +107,9 @@ class Candidates:
         self._host_lists()
         return self._host_gpus.get(host, 0)
 
-    def own_at_most(self, preemptor: Job, quota: Quota) -> int:
-        """An upper bound on the GPUs ``within_quota`` lets ``preemptor`` take from its own quota.
+    def own_at_most(self, priority: int, quota: Quota) -> int:
+        """An upper bound on the GPUs ``within_quota`` lets a preemptor of ``priority`` take from its
+        own quota.
 
         Victims taken earlier in the cycle are counted too, so this is a bound, never an underestimate.
         """
@@ -129,7 +130,7 @@ class Candidates:
             totals = self._own[quota.name] = (priorities, [0, *accumulate(by_priority[p] for p in priorities)])
         priorities, gpus = totals
         # lower_priority: strictly lower; lower_or_newer_equal_priority: equal ones may qualify too.
-        count = (bisect_left if rule == "lower_priority" else bisect_right)(priorities, preemptor.priority)
+        count = (bisect_left if rule == "lower_priority" else bisect_right)(priorities, priority)
         return gpus[count]
 
     def lowest_priority(self, name: str) -> int | None:
@@ -212,7 +213,7 @@ class Candidates:
         within its share, with the preemptor's own allowed victims gone.
         """
         tree = usage.tree
-        ends_within = None if borrow else usage.ends_within(quota.name, preemptor.gpus - self.own_at_most(preemptor, quota))
+        ends_within = None if borrow else usage.ends_within(quota.name, preemptor.gpus - self.own_at_most(preemptor.priority, quota))
         ranks = {}
         for name in self._quotas:
             if name == quota.name or not usage.is_borrowing(name):

@@ -227,20 +227,40 @@ class _Cycle:
 
     def _closed(self, name: str, borrow: bool) -> bool:
         """No job of quota ``name`` left in this pass can start, be held or find victims until the
-        epoch changes: a job no larger than the quota's smallest failed both since the last change
-        (fitting and the search are monotone in GPUs and, in queue order, in priority), or the quota
-        can neither borrow nor preempt its own jobs and its smallest would take it past its capacity
-        (as under ``static`` and ``fifo``, where most jobs wait for a full quota)."""
-        quota, used = self.quotas[name], self.usage.used[name]
-        if not borrow and used >= quota.capacity:
+        epoch changes: its smallest does not fit (fitting is monotone in GPUs, and usage only grows
+        within an epoch), and a job no larger failed to find victims since the last change (so does
+        the search, and in queue order in priority) or no rule can give any of its jobs a victim.
+
+        With cohorts the borrowing pass takes a quota up again after the others' turns, by which time
+        the epoch may have changed: there only what this epoch's jobs showed closes it, as before."""
+        quota = self.quotas[name]
+        if not borrow and self.usage.used[name] >= quota.capacity:
             return True  # neither fits within its capacity nor may search phase 1: borrowing pass
         smallest = self.backlog.smallest(name)
-        if not quota.borrows and quota.preemption.within_quota == "never" and used + smallest > quota.capacity:
-            return True  # it may not grow past its capacity, and only its own victims would lower its usage
-        if not self._failed_at_most(self._fit_failed, name, borrow, smallest):
+        if borrow and self.usage.tree is not None:
+            return self._failed_at_most(self._fit_failed, name, borrow, smallest) and (
+                not _rules_allow_victims(quota, borrow) or self._failed_at_most(self._search_failed, name, borrow, smallest)
+            )
+        if not self._failed_at_most(self._fit_failed, name, borrow, smallest) and self.usage.fits(
+            name, smallest, borrow=borrow
+        ):
             return False
-        return not _rules_allow_victims(self.quotas[name], borrow) or self._failed_at_most(
-            self._search_failed, name, borrow, smallest
+        return self._failed_at_most(self._search_failed, name, borrow, smallest) or self._no_victims(name, borrow)
+
+    def _no_victims(self, name: str, borrow: bool) -> bool:
+        """No phase of the search can find a victim for any of quota ``name``'s waiting jobs in this
+        pass: :func:`~.preemption._may_find`'s bounds for the highest priority and smallest request
+        among them (none of its own jobs may be taken, phase 2 takes no other quota's job without
+        ``borrow_within``, and phase 1 none without ``reclaim`` or a way back within its capacity)."""
+        quota = self.quotas[name]
+        if self.candidates.own_at_most(self.backlog.highest_priority(name), quota):
+            return False
+        if borrow and quota.preemption.borrow_within is not None:
+            return False
+        return (
+            quota.preemption.reclaim == "never"
+            or not self.usage.below_share(name)
+            or not self.usage.may_end_within(name, self.backlog.smallest(name))
         )
 
     def _place(self, job: Job, *, borrow: bool) -> bool:

@@ -116,7 +116,7 @@ def _may_find(preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates
     """
     policy = quota.preemption
     ceiling = borrow_within_ceiling(policy.borrow_within, preemptor) if borrow else reclaim_ceiling(policy.reclaim, preemptor)
-    own = candidates.own_at_most(preemptor, quota)
+    own = candidates.own_at_most(preemptor.priority, quota)
     if ceiling == NOBODY and not own:
         return False  # no rule allows any victim
     # Phase 1 ends within the quota's capacity (with cohorts: some level's share); victims of other
