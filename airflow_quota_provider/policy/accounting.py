@@ -449,9 +449,7 @@ def _lent_of_states(
 
 def _lent(queue: Queue, used: tuple[int, ...]) -> list[int]:
     """Each quota's lent GPUs while the quotas hold ``used``: the policy's own split."""
-    usage = usage_for(State.for_queue(queue, (), ()))
-    for quota, gpus in zip(queue.quotas, used):
-        usage.add(quota.name, gpus)
+    usage = usage_for(State.for_queue(queue, (), ()), {quota.name: gpus for quota, gpus in zip(queue.quotas, used)})
     lent = usage.lent()
     return [lent[quota.name] for quota in queue.quotas]
 

@@ -70,14 +70,17 @@ class Usage:
     tree: CohortTree | None = None
     """The queue's cohorts (:class:`TreeUsage`); None: the quotas are flat."""
 
-    def __init__(self, capacity: int, quotas: Iterable[Quota]) -> None:
+    def __init__(self, capacity: int, quotas: Iterable[Quota], in_use: dict[str, int] | None = None) -> None:
+        """``in_use``: GPUs per quota to start from (:meth:`add` for each, summed once here)."""
         self.capacity = capacity
         self.quotas = {q.name: q for q in quotas}
-        self.used = dict.fromkeys(self.quotas, 0)
+        used = self.used = dict.fromkeys(self.quotas, 0)
+        for name, gpus in (in_use or {}).items():
+            used[name] += gpus
         self.physical = 0
         self.common = capacity - sum(q.capacity for q in self.quotas.values())
-        self.supply = self.common + sum(lendable(q, 0) for q in self.quotas.values())
-        self.borrowed_total = 0
+        self.supply = self.common + sum(lendable(q, used[name]) for name, q in self.quotas.items())
+        self.borrowed_total = sum(borrowed(q, used[name]) for name, q in self.quotas.items())
 
     def _set(self, name: str, new: int) -> None:
         quota = self.quotas[name]
@@ -242,7 +245,7 @@ class CohortTree:
 class TreeUsage(Usage):
     """:class:`Usage` of a job queue with cohorts: each check walks the quota's path, O(depth)."""
 
-    def __init__(self, capacity: int, quotas: Iterable[Quota], tree: CohortTree) -> None:
+    def __init__(self, capacity: int, quotas: Iterable[Quota], tree: CohortTree, in_use: dict[str, int] | None = None) -> None:
         self.capacity = capacity
         self.quotas = {q.name: q for q in quotas}
         self.used = dict.fromkeys(self.quotas, 0)
@@ -251,6 +254,8 @@ class TreeUsage(Usage):
         self.node_used = [0] * (tree.root + 1)
         self.borrow_starts = 0
         """Counts the times a quota or a cohort started borrowing: its jobs may have become candidates."""
+        for name, gpus in (in_use or {}).items():
+            self.add(name, gpus)
 
     def _set(self, name: str, new: int) -> None:
         quota = self.quotas[name]
@@ -418,11 +423,12 @@ def _apportion(total: int, offers: dict[Hashable, int]) -> dict[Hashable, int]:
     return result
 
 
-def usage_for(state: State) -> Usage:
-    """The usage of ``state``'s job queue, all zero: flat, or over its cohorts."""
+def usage_for(state: State, in_use: dict[str, int] | None = None) -> Usage:
+    """The usage of ``state``'s job queue, flat or over its cohorts: all zero, or ``in_use`` (GPUs per
+    quota) added."""
     if not state.cohorts:
-        return Usage(state.capacity, state.quotas)
-    return TreeUsage(state.capacity, state.quotas, CohortTree(state.capacity, state.quotas, state.cohorts))
+        return Usage(state.capacity, state.quotas, in_use)
+    return TreeUsage(state.capacity, state.quotas, CohortTree(state.capacity, state.quotas, state.cohorts), in_use)
 
 
 @dataclass(frozen=True)
@@ -440,12 +446,10 @@ class QuotaUsage:
 
 def _running(state: State) -> Usage:
     """The usage of the GPUs ``state``'s running jobs hold right now."""
-    usage = usage_for(state)
-    in_use = dict.fromkeys(usage.quotas, 0)
+    in_use = dict.fromkeys((quota.name for quota in state.quotas), 0)
     for job in state.running:
         in_use[job.quota] += job.gpus
-    for name, gpus in in_use.items():
-        usage.add(name, gpus)
+    usage = usage_for(state, in_use)
     usage.physical = sum(in_use.values())
     return usage
 

@@ -101,11 +101,9 @@ class _Cycle:
         self.quotas = {q.name: q for q in state.quotas}
         self.backlog = Backlog.of(state.pending)
         self.running = Running.of(state.running)
-        self.usage = usage_for(state)
+        self.usage = usage_for(state, self.running.in_use)
         self.placement = None if state.hosts is None else Placement(state.hosts, self.running)
         self.usage.physical = self.running.physical
-        for name, gpus in self.running.in_use.items():
-            self.usage.add(name, gpus)
         self.candidates = Candidates(self.running, self.quotas, now)
         self.decision = Decision(placed=self.placement is not None)
         self.waiting_for: dict[str, tuple[list[str], str | None]] = {}
@@ -118,6 +116,8 @@ class _Cycle:
         starting to borrow); failures memoised at one epoch stay failures until the next."""
         self._fit_failed: dict[tuple[str, bool], tuple[int, int]] = {}
         self._search_failed: dict[tuple[str, bool], tuple[int, int]] = {}
+        self._own_top: dict[str, int] = {}
+        """Per quota, :meth:`Candidates.own_at_most` at its highest waiting priority (fixed in a cycle)."""
         self.handled: set[str] = set()
         """Waiting jobs rejected, held or placed in this cycle: the passes skip them."""
 
@@ -253,7 +253,10 @@ class _Cycle:
         among them (none of its own jobs may be taken, phase 2 takes no other quota's job without
         ``borrow_within``, and phase 1 none without ``reclaim`` or a way back within its capacity)."""
         quota = self.quotas[name]
-        if self.candidates.own_at_most(self.backlog.highest_priority(name), quota):
+        own = self._own_top.get(name)
+        if own is None:
+            own = self._own_top[name] = self.candidates.own_at_most(self.backlog.highest_priority(name), quota)
+        if own:
             return False
         if borrow and quota.preemption.borrow_within is not None:
             return False

@@ -62,6 +62,12 @@ class Running:
 
     def replace(self, job: Job) -> None:
         """The running job of ``job.id`` is now ``job`` (chosen as a victim, or checkpointed)."""
+        old = self._jobs[job.id]
+        if _counted(old) == _counted(job):  # most often a checkpoint: the sums stay as they are
+            self._jobs[job.id] = self._by_quota[job.quota][job.id] = job
+            if job.preempted_for is not None:
+                self._stopping[job.preempted_for][job.id] = job
+            return
         self.remove(job.id)
         self.add(job)
 
@@ -115,6 +121,12 @@ class Running:
         if self._own_min_runtime.get(quota):
             return None
         return self._stoppable.get(quota, {})
+
+
+def _counted(job: Job) -> tuple:
+    """What :meth:`Running._count` reads of a job."""
+    return (job.quota, job.gpus, job.priority, job.preempted_for, job.preemptible, job.min_runtime_s is None,
+            job.expected_runtime_s is None)
 
 
 def _change(counts: dict, key: object, delta: int) -> None:
