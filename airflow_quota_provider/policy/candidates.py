@@ -300,5 +300,5 @@ def _other_quotas_rule(policy: PreemptionPolicy, preemptor: Job, *, borrow: bool
     """The priority ceiling for other quotas' jobs and the rule that allows them: reclaim when the
     preemptor's quota ends up within its capacity, ``borrow_within`` when it keeps borrowing."""
     if borrow:
-        return borrow_within_ceiling(policy.borrow_within, preemptor), BORROW_WITHIN
-    return reclaim_ceiling(policy.reclaim, preemptor), RECLAIM
+        return borrow_within_ceiling(policy.borrow_within, preemptor.priority), BORROW_WITHIN
+    return reclaim_ceiling(policy.reclaim, preemptor.priority), RECLAIM

@@ -50,7 +50,7 @@ from airflow_quota_provider.policy.config import Quota
 from airflow_quota_provider.policy.decision import Decision, Pending, Preemption, Rejection
 from airflow_quota_provider.policy.ordering import entry_key, queue_order
 from airflow_quota_provider.policy.placement import Placement, victims_host
-from airflow_quota_provider.policy.preemption import find_victims, search_phases
+from airflow_quota_provider.policy.preemption import find_victims, may_find, search_phases
 from airflow_quota_provider.policy.preemption_policy import effective_max_preemptions, limit_reached, may_preempt
 from airflow_quota_provider.policy.reasons import Explainer
 from airflow_quota_provider.policy.running import Running
@@ -248,23 +248,18 @@ class _Cycle:
         return self._failed_at_most(self._search_failed, name, borrow, smallest) or self._no_victims(name, borrow)
 
     def _no_victims(self, name: str, borrow: bool) -> bool:
-        """No phase of the search can find a victim for any of quota ``name``'s waiting jobs in this
-        pass: :func:`~.preemption._may_find`'s bounds for the highest priority and smallest request
-        among them (none of its own jobs may be taken, phase 2 takes no other quota's job without
-        ``borrow_within``, and phase 1 none without ``reclaim`` or a way back within its capacity)."""
+        """No phase of the search this pass may try can find a victim for any of quota ``name``'s
+        waiting jobs: :func:`~.preemption.may_find` fails at their highest priority and smallest
+        request, the most it allows."""
         quota = self.quotas[name]
         own = self._own_top.get(name)
+        priority = self.backlog.highest_priority(name)
         if own is None:
-            own = self._own_top[name] = self.candidates.own_at_most(self.backlog.highest_priority(name), quota)
-        if own:
-            return False
-        if borrow and quota.preemption.borrow_within is not None:
-            return False
-        return (
-            quota.preemption.reclaim == "never"
-            or not self.usage.below_share(name)
-            or not self.usage.may_end_within(name, self.backlog.smallest(name))
-        )
+            own = self._own_top[name] = self.candidates.own_at_most(priority, quota)
+        smallest = self.backlog.smallest(name)
+        if borrow and may_find(priority, smallest, own, quota, self.usage, borrow=True):
+            return False  # phase 2
+        return not (self.usage.below_share(name) and may_find(priority, smallest, own, quota, self.usage, borrow=False))
 
     def _place(self, job: Job, *, borrow: bool) -> bool:
         """Start, hold or preempt for ``job``; False when it has to wait."""

@@ -62,8 +62,9 @@ def find_victims(
     lets the quota itself borrow within its cohort when ``may_borrow`` (the borrowing pass), as long
     as each level it reclaims at ends within its share.
     """
+    own = candidates.own_at_most(preemptor.priority, quota) if phases else 0
     for borrow in phases:
-        if not _may_find(preemptor, quota, usage, candidates, borrow=borrow):
+        if not may_find(preemptor.priority, preemptor.gpus, own, quota, usage, borrow=borrow):
             continue
         if placement is None:
             victims = _minimal_set(preemptor, quota, usage, candidates, borrow=borrow, may_borrow=may_borrow)
@@ -108,20 +109,22 @@ def _on_one_host(
     return best
 
 
-def _may_find(preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, *, borrow: bool) -> bool:
-    """Cheap necessary conditions for a phase to succeed, so that hopeless searches skip the walk.
+def may_find(priority: int, gpus: int, own: int, quota: Quota, usage: Usage, *, borrow: bool) -> bool:
+    """Cheap necessary conditions for a phase to succeed for a preemptor of ``priority`` asking for
+    ``gpus``, whose rules let it take at most ``own`` GPUs of its own quota
+    (:meth:`~.candidates.Candidates.own_at_most`), so that hopeless searches skip the walk. A higher
+    priority, fewer GPUs or a larger ``own`` never turn True into False.
 
     A failed search walks every candidate; on a busy queue most phase-1 searches fail because only
     the quota's own victims lower its own usage, and they cannot bring it under its capacity.
     """
     policy = quota.preemption
-    ceiling = borrow_within_ceiling(policy.borrow_within, preemptor) if borrow else reclaim_ceiling(policy.reclaim, preemptor)
-    own = candidates.own_at_most(preemptor.priority, quota)
+    ceiling = borrow_within_ceiling(policy.borrow_within, priority) if borrow else reclaim_ceiling(policy.reclaim, priority)
     if ceiling == NOBODY and not own:
         return False  # no rule allows any victim
     # Phase 1 ends within the quota's capacity (with cohorts: some level's share); victims of other
     # quotas do not lower its usage.
-    return borrow or usage.may_end_within(quota.name, preemptor.gpus - own)
+    return borrow or usage.may_end_within(quota.name, gpus - own)
 
 
 def _minimal_set(

@@ -29,21 +29,22 @@ def within_quota_allows(policy: str, preemptor: Job, candidate: Job) -> bool:
 NOBODY = float("-inf")
 
 
-def reclaim_ceiling(policy: str, preemptor: Job) -> float | None:
-    """``reclaim``: victims in other quotas that run above their capacity, to win back lent capacity."""
+def reclaim_ceiling(policy: str, priority: int) -> float | None:
+    """``reclaim``: victims in other quotas that run above their capacity, to win back lent capacity
+    (for a preemptor of ``priority``)."""
     if policy == "any":
         return None
     if policy == "lower_priority":
-        return preemptor.priority - 1
+        return priority - 1
     return NOBODY  # never
 
 
-def borrow_within_ceiling(max_priority: int | None, preemptor: Job) -> float:
+def borrow_within_ceiling(max_priority: int | None, priority: int) -> float:
     """``borrow_within``: lower-priority victims (at most ``max_priority``) in other borrowing quotas,
-    while the preemptor's own quota keeps borrowing."""
+    while the preemptor's own quota (its priority: ``priority``) keeps borrowing."""
     if max_priority is None:
         return NOBODY
-    return min(preemptor.priority - 1, max_priority)
+    return min(priority - 1, max_priority)
 
 
 def effective_max_preemptions(job: Job, quota: Quota) -> int | None:
