@@ -116,8 +116,8 @@ class _Cycle:
         starting to borrow); failures memoised at one epoch stay failures until the next."""
         self._fit_failed: dict[tuple[str, bool], tuple[int, int]] = {}
         self._search_failed: dict[tuple[str, bool], tuple[int, int]] = {}
-        self._own_top: dict[str, int] = {}
-        """Per quota, :meth:`Candidates.own_at_most` at its highest waiting priority (fixed in a cycle)."""
+        self._own_at: dict[tuple[str, int], int] = {}
+        """Per quota and priority, :meth:`Candidates.own_at_most` (fixed in a cycle)."""
         self.handled: set[str] = set()
         """Waiting jobs rejected, held or placed in this cycle: the passes skip them."""
 
@@ -225,11 +225,14 @@ class _Cycle:
             return index
         return self.backlog.next_smaller(name, index, max(fit[1], search[1]))
 
-    def _closed(self, name: str, borrow: bool) -> bool:
+    def _closed(self, name: str, borrow: bool, priority: int) -> bool:
         """No job of quota ``name`` left in this pass can start, be held or find victims until the
         epoch changes: its smallest does not fit (fitting is monotone in GPUs, and usage only grows
         within an epoch), and a job no larger failed to find victims since the last change (so does
-        the search, and in queue order in priority) or no rule can give any of its jobs a victim.
+        the search, and in queue order in priority) or no rule can give any of its jobs left a victim.
+        ``priority`` is that of the job the pass is at: its quota's jobs left come after it in queue
+        order, so none has a higher one (a job held for its victims, often the quota's highest, is
+        handled already and no reason to keep the quota open).
 
         With cohorts the borrowing pass takes a quota up again after the others' turns, by which time
         the epoch may have changed: there only what this epoch's jobs showed closes it, as before."""
@@ -245,18 +248,18 @@ class _Cycle:
             name, smallest, borrow=borrow
         ):
             return False
-        return self._failed_at_most(self._search_failed, name, borrow, smallest) or self._no_victims(name, borrow)
+        return self._failed_at_most(self._search_failed, name, borrow, smallest) or self._no_victims(
+            name, borrow, priority, smallest
+        )
 
-    def _no_victims(self, name: str, borrow: bool) -> bool:
-        """No phase of the search this pass may try can find a victim for any of quota ``name``'s
-        waiting jobs: :func:`~.preemption.may_find` fails at their highest priority and smallest
-        request, the most it allows."""
+    def _no_victims(self, name: str, borrow: bool, priority: int, smallest: int) -> bool:
+        """No phase of the search this pass may try can find a victim for a job of quota ``name`` of
+        at most ``priority`` asking for at least ``smallest`` GPUs: :func:`~.preemption.may_find`
+        fails at the most they allow."""
         quota = self.quotas[name]
-        own = self._own_top.get(name)
-        priority = self.backlog.highest_priority(name)
+        own = self._own_at.get((name, priority))
         if own is None:
-            own = self._own_top[name] = self.candidates.own_at_most(priority, quota)
-        smallest = self.backlog.smallest(name)
+            own = self._own_at[(name, priority)] = self.candidates.own_at_most(priority, quota)
         if borrow and may_find(priority, smallest, own, quota, self.usage, borrow=True):
             return False  # phase 2
         return not (self.usage.below_share(name) and may_find(priority, smallest, own, quota, self.usage, borrow=False))
@@ -343,7 +346,7 @@ class _Cycle:
             job = entries[index][1]
             following = index + 1
             if job.id not in self.handled:
-                if self._closed(name, borrow=False):
+                if self._closed(name, False, job.priority):
                     aside.append(name)
                     continue
                 if self._place(job, borrow=False):
@@ -389,7 +392,7 @@ class _Cycle:
                 index += 1
                 if job.id in self.handled:
                     continue
-                if self._closed(name, borrow=True):
+                if self._closed(name, True, job.priority):
                     index = len(entries)
                 elif self._place(job, borrow=True):
                     self.handled.add(job.id)
