@@ -5,7 +5,6 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
-from itertools import accumulate
 
 from airflow_quota_provider.policy.capacity import Usage
 from airflow_quota_provider.policy.config import PreemptionPolicy, Quota
@@ -17,9 +16,10 @@ from airflow_quota_provider.policy.preemption_policy import (
     may_be_preempted,
     reclaim_ceiling,
     spares_none,
+    stoppable,
     within_quota_allows,
 )
-from airflow_quota_provider.policy.running import Running
+from airflow_quota_provider.policy.running import Running, cumulative
 from airflow_quota_provider.policy.state import Job
 
 # A victim's reason: the rule that allowed it.
@@ -77,7 +77,10 @@ class Candidates:
                     for job in jobs
                     if may_be_preempted(job, quota, now)
                 ]
-            else:  # the hottest list of a replay: no call per job beyond today's
+            elif spares_none(quota) and not self._running.has_own_min_runtime(name):
+                # The hottest list of a replay: may_be_preempted() is stoppable() for each job here.
+                entries = [(victim_order(job, now), job) for job in jobs if stoppable(job)]
+            else:
                 entries = [(victim_order(job, now), job) for job in jobs if may_be_preempted(job, quota, now)]
             entries.sort(key=entry_key)
             self._sorted[name] = entries
@@ -120,14 +123,14 @@ class Candidates:
         if totals is None:
             # The running jobs' own count when the quota's rules cannot spare one of them at this now:
             # most cycles search, and would otherwise walk a quota's jobs only for this bound.
-            by_priority = self._running.stoppable_gpus(quota.name) if spares_none(quota) else None
-            if by_priority is None:
-                by_priority = {}
+            totals = self._running.stoppable_totals(quota.name) if spares_none(quota) else None
+            if totals is None:
+                by_priority: dict[int, int] = {}
                 for job in self._running.of_quota(quota.name):
                     if may_be_preempted(job, quota, self.now):
                         by_priority[job.priority] = by_priority.get(job.priority, 0) + job.gpus
-            priorities = sorted(by_priority)
-            totals = self._own[quota.name] = (priorities, [0, *accumulate(by_priority[p] for p in priorities)])
+                totals = cumulative(by_priority)
+            self._own[quota.name] = totals
         priorities, gpus = totals
         # lower_priority: strictly lower; lower_or_newer_equal_priority: equal ones may qualify too.
         count = (bisect_left if rule == "lower_priority" else bisect_right)(priorities, priority)

@@ -46,11 +46,28 @@ def ever_fits(quota: Quota, quotas: Iterable[Quota], capacity: int, cohorts: Seq
     return ever_fits_each(quotas, capacity, cohorts)[quota.name]
 
 
+_last_ever_fits: list = [None]
+"""The last :func:`ever_fits_each` asked of tuples, with its answer."""
+
+
 def ever_fits_each(quotas: Iterable[Quota], capacity: int, cohorts: Sequence[Cohort] = ()) -> dict[str, int]:
-    """:func:`ever_fits` of every quota of a job queue, for the cost of one."""
-    quotas = tuple(quotas)
+    """:func:`ever_fits` of every quota of a job queue, for the cost of one. Callers only read it.
+
+    Asked again of the same tuples (a caller that decides often, the simulator, passes its queue's own
+    cycle after cycle) it answers from the last time: tuples of frozen quotas and cohorts cannot change.
+    """
+    last = _last_ever_fits[0]
+    if last is not None and last[0] is quotas and last[1] == capacity and last[2] is cohorts:
+        return last[3]
+    result = _ever_fits_each(tuple(quotas), capacity, tuple(cohorts))
+    if isinstance(quotas, tuple) and isinstance(cohorts, tuple):
+        _last_ever_fits[0] = (quotas, capacity, cohorts, result)
+    return result
+
+
+def _ever_fits_each(quotas: tuple[Quota, ...], capacity: int, cohorts: tuple[Cohort, ...]) -> dict[str, int]:
     if cohorts:
-        tree = CohortTree(capacity, quotas, tuple(cohorts))
+        tree = CohortTree(capacity, quotas, cohorts)
         return {quota.name: tree.most(quota.name) for quota in quotas}
     private = sum(q.private for q in quotas)
     result = {}
@@ -78,9 +95,15 @@ class Usage:
         for name, gpus in (in_use or {}).items():
             used[name] += gpus
         self.physical = 0
-        self.common = capacity - sum(q.capacity for q in self.quotas.values())
-        self.supply = self.common + sum(lendable(q, used[name]) for name, q in self.quotas.items())
-        self.borrowed_total = sum(borrowed(q, used[name]) for name, q in self.quotas.items())
+        common = capacity
+        supply = borrowed_total = 0
+        for name, quota in self.quotas.items():  # one pass: a cycle starts here, many per second
+            common -= quota.capacity
+            supply += lendable(quota, used[name])
+            borrowed_total += borrowed(quota, used[name])
+        self.common = common
+        self.supply = common + supply
+        self.borrowed_total = borrowed_total
 
     def _set(self, name: str, new: int) -> None:
         quota = self.quotas[name]

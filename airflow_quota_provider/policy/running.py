@@ -11,6 +11,7 @@ instead (:meth:`Running.add`, :meth:`Running.remove`, :meth:`Running.replace`) a
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from airflow_quota_provider.policy.preemption_policy import stoppable
@@ -23,7 +24,7 @@ class Running:
     """Running jobs by quota, with what they hold counted as they come and go."""
 
     __slots__ = ("_jobs", "_by_quota", "physical", "in_use", "_stopping", "_stoppable", "_own_min_runtime",
-                 "with_runtime")
+                 "with_runtime", "_totals")
 
     def __init__(self, jobs: Iterable[Job] = ()) -> None:
         self._jobs: dict[str, Job] = {}
@@ -35,6 +36,8 @@ class Running:
         self._stopping: dict[str, dict[str, Job]] = {}
         self._stoppable: dict[str, dict[int, int]] = {}
         self._own_min_runtime: dict[str, int] = {}
+        self._totals: dict[str, tuple[list[int], list[int]]] = {}
+        """:meth:`stoppable_totals` per quota, until its stoppable jobs change."""
         self.with_runtime = 0
         """How many have an expected runtime."""
         for job in jobs:
@@ -88,6 +91,7 @@ class Running:
         _change(self.in_use, job.quota, gpus)
         if not stoppable(job):
             return
+        self._totals.pop(job.quota, None)
         if job.min_runtime_s is None:
             _change(self._stoppable.setdefault(job.quota, {}), job.priority, gpus)
         else:
@@ -115,12 +119,29 @@ class Running:
         """The victims still stopping for ``preemptor``."""
         return list(self._stopping.get(preemptor, {}).values())
 
-    def stoppable_gpus(self, quota: str) -> dict[int, int] | None:
-        """Per priority, the GPUs of ``quota``'s :func:`stoppable` jobs; None when one of them has a
-        ``min_runtime_s`` of its own (a rule that depends on ``now``, so this count cannot say)."""
-        if self._own_min_runtime.get(quota):
+    def has_own_min_runtime(self, quota: str) -> bool:
+        """Whether one of ``quota``'s :func:`stoppable` jobs has a ``min_runtime_s`` of its own."""
+        return bool(self._own_min_runtime.get(quota))
+
+    def stoppable_totals(self, quota: str) -> tuple[list[int], list[int]] | None:
+        """The GPUs of ``quota``'s :func:`stoppable` jobs by priority: the priorities in order and, per
+        position, the GPUs of those below it (one more than the priorities); None when one of them has
+        a ``min_runtime_s`` of its own (a rule that depends on ``now``, so this count cannot say).
+
+        Kept until the quota's stoppable jobs change: a caller that keeps this object between cycles
+        (the simulator) builds it once per change, not once per cycle."""
+        if self.has_own_min_runtime(quota):
             return None
-        return self._stoppable.get(quota, {})
+        totals = self._totals.get(quota)
+        if totals is None:
+            totals = self._totals[quota] = cumulative(self._stoppable.get(quota, {}))
+        return totals
+
+
+def cumulative(by_priority: dict[int, int]) -> tuple[list[int], list[int]]:
+    """GPUs per priority as the priorities in order and the GPUs of those below each position."""
+    priorities = sorted(by_priority)
+    return priorities, [0, *accumulate(by_priority[p] for p in priorities)]
 
 
 def _counted(job: Job) -> tuple:
