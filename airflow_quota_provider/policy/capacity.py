@@ -132,6 +132,8 @@ class Usage:
                 return False
             if quota.borrow_limit is not None and new - quota.capacity > quota.borrow_limit:
                 return False
+            if old >= quota.capacity:  # lends nothing before or after, borrows each GPU more: the hot case
+                return self.borrowed_total + gpus <= self.supply
         supply = self.supply + lendable(quota, new) - lendable(quota, old)
         borrowed_total = self.borrowed_total + borrowed(quota, new) - borrowed(quota, old)
         return borrowed_total <= supply

@@ -330,12 +330,19 @@ class _Cycle:
         A closed quota is set aside, and one whose next jobs would be turned down goes on at its first
         that would not (:meth:`_next_open`); when the epoch changes, both rejoin at their first job
         after the last one looked at (those they skipped would have failed)."""
-        backlog = self.backlog
-        heap = [(entries[0][0], name, 0) for name in backlog.quotas() if (entries := backlog.entries(name))]
-        heapq.heapify(heap)
-        at: dict[str, int | None] = {name: 0 for _, name, _ in heap}
+        backlog, used = self.backlog, self.usage.used
+        heap = []
+        at: dict[str, int | None] = {}
         """Each quota's position in the heap; an entry at another one is stale (it rejoined earlier)."""
         aside: list[str] = []
+        for name in backlog.quotas():
+            if used[name] < self.quotas[name].capacity:
+                heap.append((backlog.entries(name)[0][0], name, 0))
+                at[name] = 0
+            else:  # closed (:meth:`_closed`) until a preemption lowers its usage: no need to visit it
+                aside.append(name)
+                at[name] = None
+        heapq.heapify(heap)
         epoch = self.epoch
         while heap:
             key, name, index = heapq.heappop(heap)
