@@ -116,8 +116,6 @@ class _Cycle:
         starting to borrow); failures memoised at one epoch stay failures until the next."""
         self._fit_failed: dict[tuple[str, bool], tuple[int, int]] = {}
         self._search_failed: dict[tuple[str, bool], tuple[int, int]] = {}
-        self._own_at: dict[tuple[str, int], int] = {}
-        """Per quota and priority, :meth:`Candidates.own_at_most` (fixed in a cycle)."""
         self.handled: set[str] = set()
         """Waiting jobs rejected, held or placed in this cycle: the passes skip them."""
 
@@ -257,9 +255,7 @@ class _Cycle:
         at most ``priority`` asking for at least ``smallest`` GPUs: :func:`~.preemption.may_find`
         fails at the most they allow."""
         quota = self.quotas[name]
-        own = self._own_at.get((name, priority))
-        if own is None:
-            own = self._own_at[(name, priority)] = self.candidates.own_at_most(priority, quota)
+        own = self.candidates.own_at_most(priority, quota)
         if borrow and may_find(priority, smallest, own, quota, self.usage, borrow=True):
             return False  # phase 2
         return not (self.usage.below_share(name) and may_find(priority, smallest, own, quota, self.usage, borrow=False))

@@ -130,11 +130,12 @@ class Running:
 
         Kept until the quota's stoppable jobs change: a caller that keeps this object between cycles
         (the simulator) builds it once per change, not once per cycle."""
-        if self.has_own_min_runtime(quota):
-            return None
         totals = self._totals.get(quota)
-        if totals is None:
-            totals = self._totals[quota] = cumulative(self._stoppable.get(quota, {}))
+        if totals is not None:
+            return totals
+        if self._own_min_runtime.get(quota):
+            return None
+        totals = self._totals[quota] = cumulative(self._stoppable.get(quota, {}))
         return totals
 
 
