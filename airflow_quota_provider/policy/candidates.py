@@ -47,6 +47,8 @@ class Candidates:
         self._quotas = quotas
         self.now = now
         self._sorted: dict[str, list[tuple[tuple, Job]]] = {}
+        self._more: dict[str, Iterator[list[tuple[tuple, Job]]]] = {}
+        """Per quota whose list is built as far as searches reached, the rest of it, tie by tie."""
         self._own: dict[str, tuple[list[int], list[int]]] = {}
         """Per quota, its candidates' distinct priorities in order and the GPUs of those below each."""
         self.taken: set[str] = set()
@@ -67,23 +69,54 @@ class Candidates:
         return self.by_work and finishes_within_grace(job, self._quotas[job.quota], self.now)
 
     def entries(self, name: str) -> list[tuple[tuple, Job]]:
-        """A quota's candidates as ``(victim order key, job)``, lowest priority first."""
+        """A quota's candidates as ``(victim order key, job)``, lowest priority first: all of them."""
         entries = self._sorted.get(name)
         if entries is None:
-            quota, now, jobs = self._quotas[name], self.now, self._running.of_quota(name)
-            if self.by_work:  # self.order(job), without two property look-ups per job
-                entries = [
-                    (victim_order_by_work(job, now, finishes_within_grace(job, quota, now)), job)
-                    for job in jobs
-                    if may_be_preempted(job, quota, now)
-                ]
-            elif spares_none(quota) and not self._running.has_own_min_runtime(name):
-                # The hottest list of a replay: may_be_preempted() is stoppable() for each job here.
-                entries = [(victim_order(job, now), job) for job in jobs if stoppable(job)]
-            else:
-                entries = [(victim_order(job, now), job) for job in jobs if may_be_preempted(job, quota, now)]
-            entries.sort(key=entry_key)
-            self._sorted[name] = entries
+            entries = self._build(name)
+        more = self._more.pop(name, None)
+        if more is not None:
+            for ties in more:
+                entries.extend(ties)
+        return entries
+
+    def _at(self, name: str, position: int) -> tuple[tuple, Job] | None:
+        """Entry ``position`` of :meth:`entries`, or None past its end, building the list only as far."""
+        entries = self._sorted.get(name)
+        if entries is None:
+            entries = self._build(name)
+        while position >= len(entries):
+            more = self._more.get(name)
+            ties = None if more is None else next(more, None)
+            if ties is None:
+                self._more.pop(name, None)
+                return None
+            entries.extend(ties)
+        return entries[position]
+
+    def _build(self, name: str) -> list[tuple[tuple, Job]]:
+        """Start quota ``name``'s list: whole, or (the hot case of a replay: no runtimes, rules that
+        spare none of its stoppable jobs) empty, to be built tie by tie from the running jobs' start
+        order (:meth:`Running.by_start`), so that a search that takes a few candidates of a quota
+        running hundreds keys and sorts only those it reaches."""
+        quota, now = self._quotas[name], self.now
+        by_start = None
+        if not self.by_work and spares_none(quota) and not self._running.has_own_min_runtime(name):
+            by_start = self._running.by_start(name)
+        if by_start is not None:
+            self._more[name] = _by_ties(*by_start, now)
+            entries = self._sorted[name] = []
+            return entries
+        jobs = self._running.of_quota(name)
+        if self.by_work:  # self.order(job), without two property look-ups per job
+            entries = [
+                (victim_order_by_work(job, now, finishes_within_grace(job, quota, now)), job)
+                for job in jobs
+                if may_be_preempted(job, quota, now)
+            ]
+        else:
+            entries = [(victim_order(job, now), job) for job in jobs if may_be_preempted(job, quota, now)]
+        entries.sort(key=entry_key)
+        self._sorted[name] = entries
         return entries
 
     def take(self, victim: Job) -> None:
@@ -138,13 +171,11 @@ class Candidates:
 
     def lowest_priority(self, name: str) -> int | None:
         """The lowest priority among a quota's candidates not yet taken, or None."""
-        entries = self.entries(name)
-        first = self._first_untaken(name)
-        return entries[first][1].priority if first < len(entries) else None
+        entry = self._at(name, self._first_untaken(name))
+        return None if entry is None else entry[1].priority
 
     def _next_untaken(self, name: str, position: int) -> int:
-        entries = self.entries(name)
-        while position < len(entries) and entries[position][1].id in self.taken:
+        while (entry := self._at(name, position)) is not None and entry[1].id in self.taken:
             position += 1
         return position
 
@@ -174,29 +205,30 @@ class Candidates:
             heap = []
             for name in self._quotas:
                 if name != quota.name and usage.is_borrowing(name):
-                    entries = self.entries(name)
                     position = self._first_untaken(name)
-                    if position < len(entries):
-                        heap.append((entries[position][0], name, position))
+                    entry = self._at(name, position)
+                    if entry is not None:
+                        heap.append((entry[0], name, position))
             heapq.heapify(heap)
             while heap:
                 _, name, position = heap[0]
-                entries = self.entries(name)
-                candidate = entries[position][1]
+                candidate = self._at(name, position)[1]
                 if ceiling is not None and candidate.priority > ceiling:
                     break
                 if not usage.is_borrowing(name):
                     heapq.heappop(heap)
                     continue
                 following = self._next_untaken(name, position + 1)
-                if following < len(entries):
-                    heapq.heapreplace(heap, (entries[following][0], name, following))
+                entry = self._at(name, following)
+                if entry is not None:
+                    heapq.heapreplace(heap, (entry[0], name, following))
                 else:
                     heapq.heappop(heap)
                 yield candidate, reason
-        own = self.entries(quota.name)
         position = self._first_untaken(quota.name)
-        for _, candidate in own[position:]:
+        while (entry := self._at(quota.name, position)) is not None:
+            candidate = entry[1]
+            position += 1
             if candidate.priority > preemptor.priority:
                 break
             if candidate.id in self.taken or not within_quota_allows(policy.within_quota, preemptor, candidate):
@@ -240,21 +272,21 @@ class Candidates:
         ranks = self._tree_ranks(preemptor, quota, usage, borrow=borrow)
         heap = []
         for name, (rank, _) in ranks.items():
-            entries = self.entries(name)
             position = self._first_untaken(name)
-            if position < len(entries):
-                heap.append((rank, entries[position][0], name, position))
+            entry = self._at(name, position)
+            if entry is not None:
+                heap.append((rank, entry[0], name, position))
         heapq.heapify(heap)
         while heap:
             rank, _, name, position = heap[0]
-            entries = self.entries(name)
-            candidate = entries[position][1]
+            candidate = self._at(name, position)[1]
             if (ceiling is not None and candidate.priority > ceiling) or not _still_borrowing(usage, name, ranks[name][1]):
                 heapq.heappop(heap)
                 continue
             following = self._next_untaken(name, position + 1)
-            if following < len(entries):
-                heapq.heapreplace(heap, (rank, entries[following][0], name, following))
+            entry = self._at(name, following)
+            if entry is not None:
+                heapq.heapreplace(heap, (rank, entry[0], name, following))
             else:
                 heapq.heappop(heap)
             yield candidate, reason
@@ -291,6 +323,23 @@ class Candidates:
                 break
             if within_quota_allows(policy.within_quota, preemptor, candidate):
                 yield candidate, WITHIN_QUOTA
+
+
+def _by_ties(keys: list[tuple[int, float, str]], jobs: dict[str, Job], now: float) -> Iterator[list[tuple[tuple, Job]]]:
+    """Victim-order entries of the stoppable jobs in ``keys`` (:meth:`Running.by_start`), one group of
+    equal priority and start at a time: the groups come in victim order, and each is sorted within."""
+    i, n = 0, len(keys)
+    while i < n:
+        priority, started, _ = keys[i]
+        j = i + 1
+        while j < n and keys[j][0] == priority and keys[j][1] == started:
+            j += 1
+        ties = [(victim_order(job, now), job) for _, _, job_id in keys[i:j] if stoppable(job := jobs[job_id])]
+        if len(ties) > 1:
+            ties.sort(key=entry_key)
+        if ties:
+            yield ties
+        i = j
 
 
 def _still_borrowing(usage: Usage, name: str, chain: tuple[int, ...]) -> bool:

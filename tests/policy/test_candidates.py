@@ -1,0 +1,84 @@
+"""Victim lists: each quota's candidates in victim order, built from a kept start order only as far
+as a search reaches, and the same list as sorting every candidate."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from airflow_quota_provider.policy.candidates import Candidates
+from airflow_quota_provider.policy.ordering import victim_order
+from airflow_quota_provider.policy.running import Running
+from tests.policy.builders import quota, running
+
+NOW = 1000.0
+
+
+def whole_sort(jobs, now: float = NOW) -> list[str]:
+    """The victim order by its definition: every stoppable job keyed and sorted."""
+    return [job.id for job in sorted((j for j in jobs if j.preemptible and j.preempted_for is None),
+                                     key=lambda j: victim_order(j, now))]
+
+
+def many_ties(rng: random.Random, count: int) -> list:
+    """Jobs sharing priorities and start times (one cycle admits several at once), with different sizes
+    and checkpoints, so that the order within a tie is decided by the work they would lose."""
+    return [
+        running(f"j{i:03d}", "a", rng.choice([1, 2, 4, 8]), rng.choice([10, 50, 100]),
+                started_at=float(rng.choice([100, 200, 300])),
+                last_checkpoint_at=rng.choice([None, 400.0, 700.0, NOW]),
+                preemptible=rng.random() > 0.1)
+        for i in range(count)
+    ]
+
+
+def ids(candidates: Candidates, name: str) -> list[str]:
+    return [job.id for _, job in candidates.entries(name)]
+
+
+def test_a_list_built_tie_by_tie_from_the_start_order_equals_the_whole_sort():
+    rng = random.Random(7)
+    jobs = many_ties(rng, 120)
+    kept = Running(jobs)
+    assert ids(Candidates(kept, {"a": quota("a", 8)}, NOW), "a") == whole_sort(jobs)
+    # Kept between cycles: the start order follows jobs that come, go, checkpoint or are told to stop.
+    for job in rng.sample(jobs, 30):
+        kept.remove(job.id)
+        jobs.remove(job)
+    for i, job in enumerate(rng.sample(jobs, 30)):
+        changed = replace(job, last_checkpoint_at=NOW - 1) if i % 2 else replace(job, preempted_for="p", priority=99)
+        kept.replace(changed)
+        jobs[jobs.index(job)] = changed
+    newcomers = many_ties(random.Random(8), 10)
+    for job in newcomers:
+        kept.add(replace(job, id=f"n{job.id}"))
+        jobs.append(replace(job, id=f"n{job.id}"))
+    for now in (NOW, NOW + 500.0):
+        assert ids(Candidates(kept, {"a": quota("a", 8)}, now), "a") == whole_sort(jobs, now)
+
+
+def test_a_search_that_takes_the_first_candidates_keys_only_the_ties_it_reaches():
+    jobs = [running(f"j{i:03d}", "a", 1, 10 if i < 3 else 50, started_at=float(i)) for i in range(200)]
+    candidates = Candidates(Running(jobs), {"a": quota("a", 8)}, NOW)
+    assert candidates.lowest_priority("a") == 10
+    candidates.take(jobs[2])  # the latest started of the lowest priority comes first
+    assert candidates.lowest_priority("a") == 10
+    assert len(candidates._sorted["a"]) < 10, "the list was built past the candidates asked for"
+    assert ids(candidates, "a") == whole_sort(jobs)
+
+
+def test_a_job_without_a_start_time_sorts_the_whole_list_as_before():
+    jobs = [running("started", "a", 1, 5, started_at=10.0), running("unstarted", "a", 2, 5, started_at=None)]
+    kept = Running(jobs)
+    assert kept.by_start("a") is None
+    # An unstarted job counts as started now, after every job started earlier.
+    assert ids(Candidates(kept, {"a": quota("a", 8)}, NOW), "a") == ["unstarted", "started"] == whole_sort(jobs)
+    kept.remove("unstarted")
+    assert kept.by_start("a") is not None
+
+
+def test_quotas_whose_rules_spare_jobs_by_time_keep_sorting_every_candidate():
+    # min_runtime_s spares a job by now, which the start order cannot say: the list is built whole.
+    jobs = [running("young", "a", 1, 5, started_at=NOW - 5), running("old", "a", 1, 5, started_at=0.0)]
+    candidates = Candidates(Running(jobs), {"a": quota("a", 8, min_runtime_s=60)}, NOW)
+    assert ids(candidates, "a") == ["old"]
