@@ -28,7 +28,7 @@ Entry = tuple[tuple, "Job"]
 class Backlog:
     """Waiting jobs by quota, each quota's list in queue order (priority, then FIFO)."""
 
-    __slots__ = ("_entries", "_jobs", "_sizes", "_priorities", "_smallest")
+    __slots__ = ("_entries", "_jobs", "_sizes", "_priorities", "_span")
 
     def __init__(self, jobs: Iterable[Job] = ()) -> None:
         self._entries: dict[str, list[Entry]] = {}
@@ -36,8 +36,9 @@ class Backlog:
         self._sizes: dict[str, dict[int, list[tuple]]] = {}
         """Per quota and number of GPUs, the keys of the jobs asking for that many, in queue order."""
         self._priorities: dict[str, dict[int, int]] = {}
-        self._smallest: dict[str, int] = {}
-        """:meth:`smallest` per quota, until its jobs change (a cycle asks it for every quota it skips)."""
+        self._span: dict[str, tuple[int, int]] = {}
+        """:meth:`smallest` and :meth:`largest` per quota, until its jobs change (a cycle asks them for
+        every quota it skips)."""
         for job in jobs:
             self._count(job)
             key = queue_order(job)
@@ -59,7 +60,7 @@ class Backlog:
         self._jobs[job.id] = job
         by_priority = self._priorities.setdefault(job.quota, {})
         by_priority[job.priority] = by_priority.get(job.priority, 0) + 1
-        self._smallest.pop(job.quota, None)
+        self._span.pop(job.quota, None)
 
     def add(self, job: Job) -> None:
         self._count(job)
@@ -69,7 +70,7 @@ class Backlog:
 
     def remove(self, job_id: str) -> Job:
         job = self._jobs.pop(job_id)
-        self._smallest.pop(job.quota, None)
+        self._span.pop(job.quota, None)
         key = queue_order(job)
         entries = self._entries[job.quota]
         del entries[bisect_left(entries, (key,))]
@@ -113,13 +114,17 @@ class Backlog:
 
     # Distinct sizes and priorities are few, so these are cheap however long the queue is.
     def smallest(self, quota: str) -> int:
-        smallest = self._smallest.get(quota)
-        if smallest is None:
-            smallest = self._smallest[quota] = min(self._sizes[quota])
-        return smallest
+        return self._bounds(quota)[0]
 
     def largest(self, quota: str) -> int:
-        return max(self._sizes[quota])
+        return self._bounds(quota)[1]
+
+    def _bounds(self, quota: str) -> tuple[int, int]:
+        span = self._span.get(quota)
+        if span is None:
+            sizes = self._sizes[quota]
+            span = self._span[quota] = (min(sizes), max(sizes))
+        return span
 
     def next_smaller(self, quota: str, index: int, gpus: float) -> int:
         """The position in :meth:`entries` of ``quota``'s first job from ``index`` on that asks for

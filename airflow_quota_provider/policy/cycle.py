@@ -98,10 +98,10 @@ class _Cycle:
     def __init__(self, state: State, now: float) -> None:
         self.state = state
         self.now = now
-        self.quotas = {q.name: q for q in state.quotas}
         self.backlog = Backlog.of(state.pending)
         self.running = Running.of(state.running)
         self.usage = usage_for(state, self.running.in_use)
+        self.quotas = self.usage.quotas
         self.placement = None if state.hosts is None else Placement(state.hosts, self.running)
         self.usage.physical = self.running.physical
         self.candidates = Candidates(self.running, self.quotas, now)
@@ -246,8 +246,10 @@ class _Cycle:
             name, smallest, borrow=borrow
         ):
             return False
-        return self._failed_at_most(self._search_failed, name, borrow, smallest) or self._no_victims(
-            name, borrow, priority, smallest
+        return (
+            not _rules_allow_victims(quota, borrow)  # a quota without preemption (Airflow pools): no search
+            or self._failed_at_most(self._search_failed, name, borrow, smallest)
+            or self._no_victims(name, borrow, priority, smallest)
         )
 
     def _no_victims(self, name: str, borrow: bool, priority: int, smallest: int) -> bool:

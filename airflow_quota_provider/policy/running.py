@@ -83,14 +83,18 @@ class Running:
 
     def replace(self, job: Job) -> None:
         """The running job of ``job.id`` is now ``job`` (chosen as a victim, or checkpointed)."""
-        old = self._jobs[job.id]
-        if _counted(old) == _counted(job):  # most often a checkpoint: the sums and order stay as they are
-            self._jobs[job.id] = self._by_quota[job.quota][job.id] = job
-            if job.preempted_for is not None:
-                self._stopping[job.preempted_for][job.id] = job
+        if _counted(self._jobs[job.id]) == _counted(job):  # most often a checkpoint
+            self.swap(job)
             return
         self.remove(job.id)
         self.add(job)
+
+    def swap(self, job: Job) -> None:
+        """:meth:`replace` for a caller that knows nothing this object counts or orders by changed (a
+        checkpoint: only ``last_checkpoint_at``), without comparing."""
+        self._jobs[job.id] = self._by_quota[job.quota][job.id] = job
+        if job.preempted_for is not None:
+            self._stopping[job.preempted_for][job.id] = job
 
     def _count(self, job: Job, sign: int) -> None:
         gpus = sign * job.gpus

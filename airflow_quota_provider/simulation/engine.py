@@ -382,14 +382,15 @@ class Simulator:
     def _refresh_checkpoints(self, run: _QueueRun, now: float) -> None:
         heap = run.checkpoints
         while heap and heap[0][0] <= now:
-            _, attempt, job_id = heapq.heappop(heap)
+            _, attempt, job_id = heap[0]
             job = self.jobs[job_id]
             if job.status != "running" or job.attempt != attempt:
+                heapq.heappop(heap)
                 continue
             last = job.start + math.floor((now - job.start) / job.checkpoint) * job.checkpoint
             job.job = _changed(job.job, last_checkpoint_at=last)
-            run.running.replace(job.job)
-            heapq.heappush(heap, (last + job.checkpoint, attempt, job_id))
+            run.running.swap(job.job)  # only last_checkpoint_at changed
+            heapq.heapreplace(heap, (last + job.checkpoint, attempt, job_id))
 
     def _decide(self, run: _QueueRun) -> None:
         now = self.env.now
