@@ -132,14 +132,15 @@ EVENT_KINDS = ("admitted", "preempted", "released", "stopped", "finished", "evic
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while accounting runs, and restore it as it was.
+def collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a long pure computation runs, and restore it as it was.
 
-    The objects accounting makes hold no reference cycles, so a collection would free nothing. But events and
-    holds are named tuples, which the collector never stops tracking, and the holds and figures made
-    here are enough to start full collections, each of which walks all of them: with a million
-    events, 0.2-0.4 s a collection, one or two per report. Other threads' garbage waits until the
-    accounting ends; nested calls leave the collector as the outermost found it.
+    For work that makes millions of objects but no reference cycles (accounting here, a replay in
+    :mod:`~airflow_quota_provider.simulation.engine`): a collection would free nothing, yet enough
+    new objects start full collections, each of which walks all of them (here, with a million
+    events, 0.2-0.4 s a collection, one or two per report; a replay of the ITP trace, 0.5 s over
+    500 collections). Other threads' garbage waits until the work ends; nested calls leave the
+    collector as the outermost found it.
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -150,7 +151,7 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-@_collector_paused()
+@collector_paused()
 def holds_from_events(events: Iterable[Event]) -> list[Hold]:
     """The holds the audit log describes: ``admitted`` opens one (its ``devices`` say how many GPUs),
     ``released`` closes it. A hold with a ``preempted`` event ended by preemption unless its process
@@ -209,7 +210,7 @@ def period_cuts(since: float, until: float, every_s: float | None = None) -> lis
     return list(zip(cuts, cuts[1:]))
 
 
-@_collector_paused()
+@collector_paused()
 def account(queues: Sequence[Queue], holds: Iterable[Hold], periods: Sequence[tuple[float, float]]) -> Account:
     """Every quota's, DAG's and pool's figures over ``periods`` (contiguous, in order) from ``holds``.
 

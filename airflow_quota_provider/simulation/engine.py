@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_quota_provider.policy import Host, Job, Queue, QuotaFile, State, decide as policy_decide
-from airflow_quota_provider.policy.accounting import Hold, lost_span, within
+from airflow_quota_provider.policy.accounting import Hold, collector_paused, lost_span, within
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.capacity import CohortTree
 from airflow_quota_provider.policy.preemption_policy import grace_period_of
@@ -500,7 +500,8 @@ class Simulator:
     # -- the run ----------------------------------------------------------------------------------
 
     def run(self) -> SimulationResult:
-        self.env.run()
+        with collector_paused():  # a replay makes no reference cycles, only millions of objects
+            self.env.run()
         stuck = [j for j in self.jobs.values() if j.status in ("pending", "running", "future")]
         if stuck:
             sample = stuck[0]
