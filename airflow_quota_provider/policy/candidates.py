@@ -99,22 +99,21 @@ class Candidates:
         order (:meth:`Running.by_start`), so that a search that takes a few candidates of a quota
         running hundreds keys and sorts only those it reaches."""
         quota, now = self._quotas[name], self.now
-        by_start = None
-        if not self.by_work and spares_none(quota) and not self._running.has_own_min_runtime(name):
-            by_start = self._running.by_start(name)
+        # may_be_preempted() is stoppable() for each job here: no call with the quota and now per job
+        by_stopping = spares_none(quota) and not self._running.has_own_min_runtime(name)
+        by_start = None if self.by_work or not by_stopping else self._running.by_start(name)
         if by_start is not None:
             self._more[name] = _by_ties(*by_start, now)
             entries = self._sorted[name] = []
             return entries
         jobs = self._running.of_quota(name)
+        jobs = [job for job in jobs if stoppable(job)] if by_stopping else [
+            job for job in jobs if may_be_preempted(job, quota, now)
+        ]
         if self.by_work:  # self.order(job), without two property look-ups per job
-            entries = [
-                (victim_order_by_work(job, now, finishes_within_grace(job, quota, now)), job)
-                for job in jobs
-                if may_be_preempted(job, quota, now)
-            ]
+            entries = [(victim_order_by_work(job, now, finishes_within_grace(job, quota, now)), job) for job in jobs]
         else:
-            entries = [(victim_order(job, now), job) for job in jobs if may_be_preempted(job, quota, now)]
+            entries = [(victim_order(job, now), job) for job in jobs]
         entries.sort(key=entry_key)
         self._sorted[name] = entries
         return entries
