@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         start_step=start_step,
         resume_from=resume_from,
         device=str(device),
+        gpu_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         preemption_count=int(os.environ.get("QUOTA_PREEMPTION_COUNT") or 0),
     )
