@@ -93,14 +93,18 @@ class Candidates:
             entries.extend(ties)
         return entries[position]
 
+    def _stoppable_is_the_rule(self, quota: Quota) -> bool:
+        """Whether :func:`may_be_preempted` is :func:`stoppable` for each of ``quota``'s running jobs at
+        any ``now``: its rules spare none of them, and none has a ``min_runtime_s`` of its own."""
+        return spares_none(quota) and not self._running.has_own_min_runtime(quota.name)
+
     def _build(self, name: str) -> list[tuple[tuple, Job]]:
         """Start quota ``name``'s list: whole, or (the hot case of a replay: no runtimes, rules that
         spare none of its stoppable jobs) empty, to be built tie by tie from the running jobs' start
         order (:meth:`Running.by_start`), so that a search that takes a few candidates of a quota
         running hundreds keys and sorts only those it reaches."""
         quota, now = self._quotas[name], self.now
-        # may_be_preempted() is stoppable() for each job here: no call with the quota and now per job
-        by_stopping = spares_none(quota) and not self._running.has_own_min_runtime(name)
+        by_stopping = self._stoppable_is_the_rule(quota)  # no call with the quota and now per job
         by_start = None if self.by_work or not by_stopping else self._running.by_start(name)
         if by_start is not None:
             self._more[name] = _by_ties(*by_start, now)
@@ -155,7 +159,7 @@ class Candidates:
         if totals is None:
             # The running jobs' own count when the quota's rules cannot spare one of them at this now:
             # most cycles search, and would otherwise walk a quota's jobs only for this bound.
-            totals = self._running.stoppable_totals(quota.name) if spares_none(quota) else None
+            totals = self._running.stoppable_totals(quota.name) if self._stoppable_is_the_rule(quota) else None
             if totals is None:
                 by_priority: dict[int, int] = {}
                 for job in self._running.of_quota(quota.name):

@@ -167,7 +167,7 @@ class Running:
         totals = self._totals.get(quota)
         if totals is not None:
             return totals
-        if self._own_min_runtime.get(quota):
+        if self.has_own_min_runtime(quota):
             return None
         totals = self._totals[quota] = cumulative(self._stoppable.get(quota, {}))
         return totals
