@@ -59,7 +59,8 @@ class Quota:
     spare_finishing_within_s: float = 0.0
     """A running job of this quota expected to end within this many seconds (or within its grace
     period, whichever is longer) is waited for, not preempted: stopping it would lose its work to free
-    GPUs a little sooner. 0: only the grace period. Acts only on jobs with an expected runtime."""
+    GPUs a little sooner; one past its expected end stays spared this much longer. 0: only the grace
+    period, and none past its end. Acts only on jobs with an expected runtime."""
     preemption_delay_s: float = 0.0
     max_preemptions: int | None = None
     on_preemption_limit: str = "fail"

@@ -98,13 +98,18 @@ def finishes_within_grace(job: Job, quota: Quota, now: float) -> bool:
     ``spare_finishing_within_s``, when longer, widens that window: its owner accepts that preemptors
     wait up to that long rather than make a job about to finish lose its run.
 
-    A job already past its expected end is treated as one of unknown runtime (the estimate was
-    wrong): it may be preempted, so a wrong estimate delays a reclaim by at most that window.
+    A job already past its expected end (the estimate was short) is spared for its quota's
+    ``spare_finishing_within_s`` more, then treated as one of unknown runtime: it may be preempted. So
+    a wrong estimate delays a reclaim by at most the window before the end plus that one after it (by
+    the grace period alone with the default 0, as without the estimate). Estimates are noisy: a job
+    just past one is more often about to end than not, and its owner's window says how long it is worth
+    waiting for.
     """
     if job.expected_runtime_s is None or job.started_at is None:
         return False
     end = job.started_at + job.expected_runtime_s
+    spare = quota.spare_finishing_within_s
     window = grace_period_of(job, quota)
-    if quota.spare_finishing_within_s > window:
-        window = quota.spare_finishing_within_s
-    return now < end <= now + window
+    if spare > window:
+        window = spare
+    return end - window <= now < end + spare

@@ -21,7 +21,9 @@ executor does:
 With ``runtime_noise`` (not None), every job, waiting or running, tells the policy how long its run
 is expected to take (``expected_runtime_s``): the work it has left times a factor drawn once per job,
 ``exp(N(0, runtime_noise))`` from ``random.Random(runtime_seed)`` (0: exact), to show what
-imperfect estimates cost. Without it no job has an expected runtime, as before.
+imperfect estimates cost. Without it no job has an expected runtime, as before. A job that outlives
+its estimate by its quota's ``spare_finishing_within_s`` may be preempted again though nothing else
+happened, so the policy is asked again then, as the executor's next cycle would be.
 
 Given hosts per job queue, the replay passes them to ``decide`` with each running job's host, and
 checks as it goes that no host holds more GPUs than it has. Without them each queue is one implicit
@@ -448,6 +450,10 @@ class Simulator:
             run.wake_at = wake
             self.env.schedule(wake, DECIDE, self._wake, run)
 
+    def _past_estimate(self, job: SimJob, attempt: int) -> None:
+        if job.attempt == attempt and job.status == "running" and job.queue.pending:
+            self._mark(job.queue)
+
     def _wake(self, run: _QueueRun) -> None:
         run.wake_at = None
         if run.decide_at != self.env.now:
@@ -494,6 +500,12 @@ class Simulator:
         job.job = _changed(job.job, started_at=now, last_checkpoint_at=now, host=host, expected_runtime_s=expected)
         run.running.add(job.job)
         self.env.schedule(now + job.remaining, FINISH, self._finish, job, job.attempt)
+        if expected is not None and expected < job.remaining:
+            # Spared no longer once past its expected end by its quota's spare_finishing_within_s: the
+            # executor's next cycle would see that, so the replay asks then too.
+            spared_until = now + expected + run.queue.quota(job.job.quota).spare_finishing_within_s
+            if spared_until < now + job.remaining:
+                self.env.schedule(spared_until, DECIDE, self._past_estimate, job, job.attempt)
         if job.checkpoint > 0:
             heapq.heappush(run.checkpoints, (now + job.checkpoint, job.attempt, job.trace.id))
 

@@ -89,6 +89,20 @@ RUNTIMES = [
         id="a job past its expected end is preempted like one of unknown runtime",
     ),
     pytest.param(
+        queue(8).quota("a", 4).quota("b", 4, grace_period_s=30.0, spare_finishing_within_s=60.0)
+        .run("b1", "b", 4, 5, started_at=0.0, expected_runtime_s=90.0).run("b2", "b", 4, 5, **LONG)
+        .wait("a1", "a", 4, 1).build(),
+        [], [], {"a1": ["b1"]},
+        id="a job past its expected end by less than its quota's spare_finishing_within_s is still waited for",
+    ),
+    pytest.param(
+        queue(8).quota("a", 4).quota("b", 4, grace_period_s=30.0, spare_finishing_within_s=60.0)
+        .run("b1", "b", 4, 5, started_at=0.0, expected_runtime_s=40.0).run("b2", "b", 4, 5, **LONG)
+        .wait("a1", "a", 4, 1).build(),
+        [], ["b1"], {},
+        id="a job past its expected end by spare_finishing_within_s is preempted: a short estimate delays it once",
+    ),
+    pytest.param(
         queue(8).quota("a", 4).quota("b", 4)
         .run("b1", "b", 4, 5, started_at=0.0, last_checkpoint_at=95.0, expected_runtime_s=10_000.0)
         .run("b2", "b", 4, 5, started_at=50.0, expected_runtime_s=10_000.0).wait("a1", "a", 4, 1).build(),
