@@ -99,15 +99,21 @@ class Candidates:
         return spares_none(quota) and not self._running.has_own_min_runtime(quota.name)
 
     def _build(self, name: str) -> list[tuple[tuple, Job]]:
-        """Start quota ``name``'s list: whole, or (the hot case of a replay: no runtimes, rules that
-        spare none of its stoppable jobs) empty, to be built tie by tie from the running jobs' start
-        order (:meth:`Running.by_start`), so that a search that takes a few candidates of a quota
-        running hundreds keys and sorts only those it reaches."""
+        """Start quota ``name``'s list: whole, or (the hot case of a replay: rules that spare none of its
+        stoppable jobs) empty, to be built tie by tie from an order the running jobs keep
+        (:meth:`Running.by_start`, with runtimes :meth:`Running.by_saved`), so that a search that takes
+        a few candidates of a quota running hundreds keys and sorts only those it reaches."""
         quota, now = self._quotas[name], self.now
         by_stopping = self._stoppable_is_the_rule(quota)  # no call with the quota and now per job
-        by_start = None if self.by_work or not by_stopping else self._running.by_start(name)
-        if by_start is not None:
-            self._more[name] = _by_ties(*by_start, now)
+        more = None
+        if by_stopping and self.by_work:
+            kept = self._running.by_saved(name)
+            more = None if kept is None else _by_work_ties(*kept, quota, now)
+        elif by_stopping:
+            kept = self._running.by_start(name)
+            more = None if kept is None else _by_ties(*kept, now)
+        if more is not None:
+            self._more[name] = more
             entries = self._sorted[name] = []
             return entries
         jobs = self._running.of_quota(name)
@@ -338,6 +344,46 @@ def _by_ties(keys: list[tuple[int, float, str]], jobs: dict[str, Job], now: floa
         while j < n and keys[j][0] == priority and keys[j][1] == started:
             j += 1
         ties = [(victim_order(job, now), job) for _, _, job_id in keys[i:j] if stoppable(job := jobs[job_id])]
+        if len(ties) > 1:
+            ties.sort(key=entry_key)
+        if ties:
+            yield ties
+        i = j
+
+
+def _by_work_ties(
+    keys: list[tuple[int, float, str]], ends: list[tuple[float, str]], jobs: dict[str, Job], quota: Quota, now: float
+) -> Iterator[list[tuple[tuple, Job]]]:
+    """:func:`victim_order_by_work` entries of the stoppable jobs in ``keys`` (:meth:`Running.by_saved`),
+    a group at a time: per priority, the jobs expected to finish first (found among those ending near
+    ``now``), then the rest one group of equal work lost (``now`` - saved) at a time, each sorted within."""
+    spare = quota.spare_finishing_within_s
+    window = max(quota.grace_period_s, spare)  # no job of the quota has a grace period of its own
+    # A margin for rounding: finishes_within_grace itself decides on each job ending near the window.
+    margin = 1e-9 * (1.0 + abs(now) + window)
+    finishing: dict[int, list[Job]] = {}
+    for end, job_id in ends[bisect_left(ends, (now - spare - margin,)):]:
+        if end > now + window + margin:
+            break
+        job = jobs[job_id]
+        if stoppable(job) and finishes_within_grace(job, quota, now):
+            finishing.setdefault(job.priority, []).append(job)
+    spared = {job.id for group in finishing.values() for job in group}
+    level = None
+    i, n = 0, len(keys)
+    while i < n:
+        priority, negative_saved, _ = keys[i]
+        if priority != level:
+            level = priority
+            first = finishing.get(priority)
+            if first:
+                yield sorted(((victim_order_by_work(job, now, True), job) for job in first), key=entry_key)
+        lost = now + negative_saved  # now - saved, exactly as the key computes it
+        j = i + 1
+        while j < n and keys[j][0] == priority and now + keys[j][1] == lost:
+            j += 1
+        ties = [(victim_order_by_work(job, now, False), job) for _, _, job_id in keys[i:j]
+                if job_id not in spared and stoppable(job := jobs[job_id])]
         if len(ties) > 1:
             ties.sort(key=entry_key)
         if ties:

@@ -41,8 +41,14 @@ def victim_order_by_work(job: Job, now: float, finishing: bool) -> tuple:
     older than the run's start saved nothing of this run.
     """
     started = job.started_at if job.started_at is not None else now
-    saved = max(started, job.last_checkpoint_at) if job.last_checkpoint_at is not None else started
-    return (job.priority, not finishing, now - saved, *victim_order(job, now)[1:])
+    return (job.priority, not finishing, now - saved_at(job, started), *victim_order(job, now)[1:])
+
+
+def saved_at(job: Job, started: float) -> float:
+    """Up to when the run of ``job`` that began at ``started`` has saved its work: its last checkpoint,
+    unless that is older than the run (it saved nothing of it), else the start."""
+    checkpoint = job.last_checkpoint_at
+    return max(started, checkpoint) if checkpoint is not None else started
 
 
 def victim_set_order(victims: list[Job], preemptor: Job, order: Callable[[Job], tuple]) -> tuple:

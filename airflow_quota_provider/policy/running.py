@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
+from airflow_quota_provider.policy.ordering import saved_at
 from airflow_quota_provider.policy.preemption_policy import stoppable
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ class Running:
     """Running jobs by quota, with what they hold counted as they come and go."""
 
     __slots__ = ("_jobs", "_by_quota", "physical", "in_use", "_stopping", "_stoppable", "_own_min_runtime",
-                 "with_runtime", "_totals", "_started", "_unstarted")
+                 "with_runtime", "_totals", "_started", "_unstarted", "_saved", "_ends", "_own_grace")
 
     def __init__(self, jobs: Iterable[Job] = ()) -> None:
         self._jobs: dict[str, Job] = {}
@@ -46,6 +47,12 @@ class Running:
         order but for its ties (:meth:`by_start`)."""
         self._unstarted: dict[str, int] = {}
         """Per quota, how many of its jobs have no start time."""
+        self._saved: dict[str, list[tuple[int, float, str]]] = {}
+        self._ends: dict[str, list[tuple[float, str]]] = {}
+        """Per quota asked for :meth:`by_saved` once, its started jobs as ``(priority, -saved_at, id)`` and
+        those with an expected runtime as ``(expected end, id)``, in order, kept from then on."""
+        self._own_grace: dict[str, int] = {}
+        """Per quota, how many of its jobs have a grace period of their own."""
         for job in jobs:
             self._add(job)
             if job.started_at is not None:
@@ -61,6 +68,7 @@ class Running:
         self._add(job)
         if job.started_at is not None:
             insort(self._started.setdefault(job.quota, []), _start_key(job))
+            self._by_work(job, insort)
 
     def _add(self, job: Job) -> None:
         if job.id in self._jobs:
@@ -76,8 +84,8 @@ class Running:
         if not jobs:
             del self._by_quota[job.quota]
         if job.started_at is not None:
-            keys = self._started[job.quota]
-            del keys[bisect_left(keys, _start_key(job))]
+            _delete(self._started[job.quota], _start_key(job))
+            self._by_work(job, _delete)
         self._count(job, -1)
         return job
 
@@ -90,16 +98,30 @@ class Running:
         self.add(job)
 
     def swap(self, job: Job) -> None:
-        """:meth:`replace` for a caller that knows nothing this object counts or orders by changed (a
-        checkpoint: only ``last_checkpoint_at``), without comparing."""
+        """:meth:`replace` for a caller that knows nothing this object counts or orders by start changed
+        (a checkpoint: only ``last_checkpoint_at``), without comparing."""
+        if job.quota in self._saved and job.started_at is not None:
+            self._by_work(self._jobs[job.id], _delete)
+            self._by_work(job, insort)
         self._jobs[job.id] = self._by_quota[job.quota][job.id] = job
         if job.preempted_for is not None:
             self._stopping[job.preempted_for][job.id] = job
+
+    def _by_work(self, job: Job, change) -> None:
+        """Insert (``insort``) or delete (:func:`_delete`) a started job's keys in :meth:`by_saved`'s
+        lists, where its quota has them."""
+        saved = self._saved.get(job.quota)
+        if saved is not None:
+            change(saved, _saved_key(job))
+            if job.expected_runtime_s is not None:
+                change(self._ends[job.quota], _end_key(job))
 
     def _count(self, job: Job, sign: int) -> None:
         gpus = sign * job.gpus
         if job.started_at is None:
             _change(self._unstarted, job.quota, sign)
+        if job.grace_period_s is not None:
+            _change(self._own_grace, job.quota, sign)
         self.physical += gpus
         if job.expected_runtime_s is not None:
             self.with_runtime += sign
@@ -145,6 +167,27 @@ class Running:
             return None
         return self._started.get(quota, []), self._by_quota.get(quota, {})
 
+    def by_saved(
+        self, quota: str
+    ) -> tuple[list[tuple[int, float, str]], list[tuple[float, str]], dict[str, Job]] | None:
+        """``quota``'s running jobs in order of priority, then latest saved first (:func:`saved_at`),
+        then id, as ``(priority, -saved_at, id)`` keys; those with an expected runtime by their expected
+        end, as ``(end, id)``; and its jobs by id. None when one has no start time or a grace period of
+        its own. The victim order with expected runtimes (:func:`~.ordering.victim_order_by_work`) differs from
+        the first only by the jobs expected to finish, which go first (found by their end), and within
+        its ties (:class:`~.candidates.Candidates`).
+
+        Built on the first call for a quota and kept up to date from then on: a caller that keeps this
+        object (the simulator) sorts once, and one that never decides with runtimes, never."""
+        if self._unstarted.get(quota) or self._own_grace.get(quota):
+            return None
+        saved = self._saved.get(quota)
+        jobs = self._by_quota.get(quota, {})
+        if saved is None:
+            saved = self._saved[quota] = sorted(_saved_key(job) for job in jobs.values())
+            self._ends[quota] = sorted(_end_key(job) for job in jobs.values() if job.expected_runtime_s is not None)
+        return saved, self._ends[quota], jobs
+
     def preemptors(self) -> list[str]:
         """The jobs that victims still stopping were chosen for."""
         return list(self._stopping)
@@ -181,6 +224,18 @@ def cumulative(by_priority: dict[int, int]) -> tuple[list[int], list[int]]:
 
 def _start_key(job: Job) -> tuple[int, float, str]:
     return (job.priority, -job.started_at, job.id)
+
+
+def _saved_key(job: Job) -> tuple[int, float, str]:
+    return (job.priority, -saved_at(job, job.started_at), job.id)
+
+
+def _end_key(job: Job) -> tuple[float, str]:
+    return (job.started_at + job.expected_runtime_s, job.id)
+
+
+def _delete(keys: list, key: tuple) -> None:
+    del keys[bisect_left(keys, key)]
 
 
 def _counted(job: Job) -> tuple:

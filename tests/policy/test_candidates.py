@@ -7,17 +7,22 @@ import random
 from dataclasses import replace
 
 from airflow_quota_provider.policy.candidates import Candidates
-from airflow_quota_provider.policy.ordering import victim_order
+from airflow_quota_provider.policy.ordering import victim_order, victim_order_by_work
+from airflow_quota_provider.policy.preemption_policy import finishes_within_grace
 from airflow_quota_provider.policy.running import Running
 from tests.policy.builders import quota, running
 
 NOW = 1000.0
 
 
-def whole_sort(jobs, now: float = NOW) -> list[str]:
-    """The victim order by its definition: every stoppable job keyed and sorted."""
-    return [job.id for job in sorted((j for j in jobs if j.preemptible and j.preempted_for is None),
-                                     key=lambda j: victim_order(j, now))]
+def whole_sort(jobs, now: float = NOW, by_work_of=None) -> list[str]:
+    """The victim order by its definition: every stoppable job keyed and sorted (with ``by_work_of``, a
+    quota, in the order with expected runtimes)."""
+    def key(job):
+        if by_work_of is None:
+            return victim_order(job, now)
+        return victim_order_by_work(job, now, finishes_within_grace(job, by_work_of, now))
+    return [job.id for job in sorted((j for j in jobs if j.preemptible and j.preempted_for is None), key=key)]
 
 
 def many_ties(rng: random.Random, count: int) -> list:
@@ -82,3 +87,59 @@ def test_quotas_whose_rules_spare_jobs_by_time_keep_sorting_every_candidate():
     jobs = [running("young", "a", 1, 5, started_at=NOW - 5), running("old", "a", 1, 5, started_at=0.0)]
     candidates = Candidates(Running(jobs), {"a": quota("a", 8, min_runtime_s=60)}, NOW)
     assert ids(candidates, "a") == ["old"]
+
+
+def with_runtimes(rng: random.Random, count: int, prefix: str = "j") -> list:
+    """Jobs with expected runtimes, some ending around ``NOW`` (within a 120 s grace or a 300 s spare
+    window, before or after it), sharing priorities, starts and checkpoints."""
+    jobs = []
+    for i in range(count):
+        started = float(rng.choice([100, 200, 300, 900]))
+        end = rng.choice([NOW - 400, NOW - 250, NOW - 100, NOW, NOW + 60, NOW + 120, NOW + 200, NOW + 5000])
+        jobs.append(running(f"{prefix}{i:03d}", "a", rng.choice([1, 2, 4]), rng.choice([10, 50]), started_at=started,
+                            last_checkpoint_at=rng.choice([None, 50.0, 400.0, 950.0, NOW]),
+                            expected_runtime_s=None if rng.random() < 0.2 else max(1.0, end - started),
+                            preemptible=rng.random() > 0.1))
+    return jobs
+
+
+def test_with_runtimes_a_list_built_group_by_group_from_the_saved_order_equals_the_whole_sort():
+    rng = random.Random(11)
+    jobs = with_runtimes(rng, 150)
+    kept = Running(jobs)
+    for spare in (0.0, 300.0):
+        owner = quota("a", 8, spare_finishing_within_s=spare)
+        candidates = Candidates(kept, {"a": owner}, NOW)
+        assert candidates.by_work
+        assert ids(candidates, "a") == whole_sort(jobs, by_work_of=owner)
+    assert kept.by_saved("a") is not None, "the jobs keep the saved order the lists are built from"
+    # Kept between cycles: the saved order follows jobs that come, go, checkpoint or are told to stop.
+    for job in rng.sample(jobs, 30):
+        kept.remove(job.id)
+        jobs.remove(job)
+    for i, job in enumerate(rng.sample(jobs, 40)):
+        changed = replace(job, last_checkpoint_at=NOW - i) if i % 2 else replace(job, preempted_for="p", priority=99)
+        if i % 2:
+            kept.swap(changed)  # as the simulator notes a checkpoint
+        else:
+            kept.replace(changed)
+        jobs[jobs.index(job)] = changed
+    for job in with_runtimes(random.Random(12), 20, prefix="n"):
+        kept.add(job)
+        jobs.append(job)
+    for now in (NOW, NOW + 150.0, NOW + 1000.0):
+        for spare in (0.0, 300.0):
+            owner = quota("a", 8, spare_finishing_within_s=spare)
+            assert ids(Candidates(kept, {"a": owner}, now), "a") == whole_sort(jobs, now, by_work_of=owner)
+
+
+def test_with_runtimes_a_job_with_a_grace_period_of_its_own_sorts_the_whole_list():
+    # Both end at 1400: within "own"'s 600 s grace period, not within the quota's 120 s.
+    ending = {"started_at": 900.0, "expected_runtime_s": 500.0}
+    jobs = with_runtimes(random.Random(13), 20) + [running("own", "a", 1, 1, grace_period_s=600.0, **ending),
+                                                   running("plain", "a", 1, 1, **ending)]
+    kept = Running(jobs)
+    assert kept.by_saved("a") is None
+    owner = quota("a", 8)
+    assert ids(Candidates(kept, {"a": owner}, NOW), "a") == whole_sort(jobs, by_work_of=owner)
+    assert ids(Candidates(kept, {"a": owner}, NOW), "a")[:2] == ["own", "plain"], "expected to finish: first"
