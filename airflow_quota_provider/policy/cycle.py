@@ -430,7 +430,8 @@ class _Cycle:
                 continue  # started, or rejected
             positions[job.quota] += 1
             if job.id in self.waiting_for:
-                reason = explainer.held(job, *self.waiting_for[job.id], awaited=self.awaiting.get(job.id, ()))
+                awaited = [self.running.get(spared) for spared in self.awaiting.get(job.id, ())]
+                reason = explainer.held(job, *self.waiting_for[job.id], awaited=awaited)
             else:
                 # Every job still waiting went through the borrowing pass, which searched for
                 # victims for each one allowed to preempt yet.

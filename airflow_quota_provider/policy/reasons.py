@@ -30,16 +30,17 @@ class Explainer:
         self._borrowers: list[tuple[str, int, int | None]] | None = None
         self._lent: list[int] | None = None
 
-    def held(self, job: Job, victims: list[str], host: str | None = None, awaited: Sequence[str] = ()) -> str:
+    def held(self, job: Job, victims: list[str], host: str | None = None, awaited: Sequence[Job] = ()) -> str:
         """A job whose capacity (and, with hosts, GPUs on ``host``) is held while jobs stop, or finish
-        on their own (``awaited``: expected to end within their grace period, so not preempted)."""
+        on their own (``awaited``: expected to end before a preemption's grace period would, or within
+        their quota's ``spare_finishing_within_s``, so not preempted)."""
         if victims or awaited:
             where = f"; its {job.gpus} GPUs on {host} are held for it" if host is not None else ""
             parts = [f"waiting for preempted jobs to stop: {', '.join(victims)}"] if victims else []
             if awaited:
                 parts.append(
-                    f"waiting for {', '.join(awaited)} to finish, expected within "
-                    f"{'its' if len(awaited) == 1 else 'their'} grace period (spared, not preempted)"
+                    f"waiting for {', '.join(self._expected_end(spared) for spared in awaited)} to finish "
+                    f"on {'its' if len(awaited) == 1 else 'their'} own (spared, not preempted)"
                 )
             return "; ".join(parts) + where
         if host is not None:
@@ -51,6 +52,14 @@ class Explainer:
             f"waiting for stopping jobs to release GPUs: needs {job.gpus}, "
             f"{self.usage.physically_free()} free; its capacity is held"
         )
+
+    def _expected_end(self, job: Job) -> str:
+        """``job`` and when it is expected to end: a spared job may have outlived its estimate (it is
+        spared for its quota's ``spare_finishing_within_s`` more)."""
+        left = job.started_at + job.expected_runtime_s - self.now
+        if left >= 0:
+            return f"{job.id} (expected to end in {left:.0f} s)"
+        return f"{job.id} (past its expected end by {-left:.0f} s)"
 
     def waiting(self, job: Job, *, searched: bool) -> str:
         quota = self.quotas[job.quota]

@@ -136,10 +136,20 @@ def test_runtimes(state, admit, preempt, awaits):
     check(state, admit, preempt, awaits)
 
 
-def test_the_waiting_reason_names_the_spared_job():
+def test_the_waiting_reason_names_the_spared_job_and_when_it_is_expected_to_end():
     state = RUNTIMES[0].values[0]
     reason = next(p.reason for p in decide(state, NOW).pending if p.id == "a1")
-    assert "waiting for b1 to finish, expected within its grace period" in reason
+    assert "waiting for b1 (expected to end in 50 s) to finish on its own (spared, not preempted)" in reason
+
+
+def test_the_waiting_reason_says_a_spared_job_has_outlived_its_estimate():
+    state = (
+        queue(8).quota("a", 4).quota("b", 4, grace_period_s=30.0, spare_finishing_within_s=60.0)
+        .run("b1", "b", 4, 5, started_at=0.0, expected_runtime_s=90.0).run("b2", "b", 4, 5, **LONG)
+        .wait("a1", "a", 4, 1).build()
+    )
+    reason = next(p.reason for p in decide(state, NOW).pending if p.id == "a1")
+    assert "waiting for b1 (past its expected end by 10 s) to finish on its own" in reason
 
 
 def test_a_spared_job_holds_its_capacity_for_the_preemptor_against_later_jobs():
