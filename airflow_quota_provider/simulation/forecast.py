@@ -30,6 +30,7 @@ from dataclasses import replace
 from airflow_quota_provider.policy import Job, State, decide
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.preemption_policy import grace_period_of
+from airflow_quota_provider.policy.running import Running
 from airflow_quota_provider.simulation.engine import Environment
 
 # Event priorities at one moment, as in the replay: GPUs are freed before the policy decides.
@@ -73,7 +74,9 @@ class Forecast:
         self.relative = relative
         self.env = Environment(now)
         self.quotas = {q.name: q for q in state.quotas}
-        self.running: dict[str, Job] = {}
+        self.running = Running(state.running)
+        """Our own, kept between decisions as the replay keeps its own: a decision then costs what it
+        places, not a count of every running job."""
         self.attempt: dict[str, int] = {}
         """Running job -> its attempt's number: an end scheduled for an earlier attempt is stale."""
         self.attempts = itertools.count(1)
@@ -83,8 +86,7 @@ class Forecast:
         self.decisions = 0
         self.wake_at: float | None = None
         self.timed = any(q.min_runtime_s > 0 or q.preemption_delay_s > 0 for q in state.quotas)
-        for job in state.running:
-            self.running[job.id] = job
+        for job in self.running:
             attempt = self.attempt[job.id] = next(self.attempts)
             end = _expected_end(job, now)
             stops = False  # a victim still stopping waits again, unless it ends on its own first
@@ -122,7 +124,7 @@ class Forecast:
         """A running job ends (``requeue``: no, it was preempted and waits again)."""
         if self.attempt.get(job_id) != attempt:
             return  # preempted and stopped earlier
-        job = self.running.pop(job_id)
+        job = self.running.remove(job_id)
         del self.attempt[job_id]
         if requeue:
             self.backlog.add(replace(job, started_at=None, last_checkpoint_at=None, preempted_for=None, host=None,
@@ -135,20 +137,21 @@ class Forecast:
         self.decide_at = None
         if not self.backlog:
             return
-        state = State(capacity=self.state.capacity, quotas=self.state.quotas, running=tuple(self.running.values()),
+        state = State(capacity=self.state.capacity, quotas=self.state.quotas, running=self.running,
                       pending=self.backlog, hosts=self.state.hosts, cohorts=self.state.cohorts)
         decision = decide(state, now, explain=False)
         self.decisions += 1
         for rejection in decision.reject:
             self.backlog.remove(rejection.id)
         for preemption in decision.preempt:
-            victim = self.running[preemption.id] = replace(self.running[preemption.id], preempted_for=preemption.for_)
+            victim = replace(self.running.get(preemption.id), preempted_for=preemption.for_)
+            self.running.replace(victim)
             attempt = self.attempt[victim.id] = next(self.attempts)
             grace = grace_period_of(victim, self.quotas[victim.quota])
             self._at(now + grace, _FREE, self._free, victim.id, attempt, not preemption.fail)
         for job_id in decision.admit:
             job = replace(self.backlog.remove(job_id), started_at=now, host=decision.hosts.get(job_id))
-            self.running[job_id] = job
+            self.running.add(job)
             attempt = self.attempt[job_id] = next(self.attempts)
             if job_id in self.starts and self.starts[job_id] is None:
                 self.starts[job_id] = now
@@ -161,7 +164,7 @@ class Forecast:
         """Decide again when a running job passes its ``min_runtime_s`` or a waiting one its
         ``preemption_delay_s``, as the replay does."""
         wake = math.inf
-        for job in self.running.values():
+        for job in self.running:
             if job.preempted_for is None:
                 minimum = job.min_runtime_s if job.min_runtime_s is not None else self.quotas[job.quota].min_runtime_s
                 if job.started_at + minimum > now:
