@@ -12,6 +12,7 @@ process group; task processes are found through QuotaExecutor's pid files and st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -21,6 +22,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -56,8 +58,10 @@ def provider_shim(root: Path) -> Path:
 
 
 def free_port(first: int, last: int, *, also: int = 0) -> int:
-    """A port in [first, last] that is free now (and ``port + also`` too, when ``also``)."""
-    for port in range(first, last + 1):
+    """A port in [first, last] that is free now (and ``port + also`` too, when ``also``), shifted by 1000
+    per pytest-xdist worker: a port found free is taken only when a server starts, seconds later."""
+    shift = 1000 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    for port in range(first + shift, last + shift + 1):
         wanted = [port] + ([port + also] if also else [])
         try:
             for p in wanted:
@@ -66,7 +70,7 @@ def free_port(first: int, last: int, *, also: int = 0) -> int:
         except OSError:
             continue
         return port
-    raise RuntimeError(f"no free port in {first}-{last}")
+    raise RuntimeError(f"no free port in {first + shift}-{last + shift}")
 
 
 def wait_for(predicate, what: str, timeout: float = 240.0, interval: float = 1.0, on_timeout=None):
@@ -168,6 +172,29 @@ class AirflowInstance:
         )
         self.procs[name] = proc
         return proc
+
+    @contextlib.contextmanager
+    def restarting(self, *names: str):
+        """Start again any of processes ``names`` that exits meanwhile, as a fleet's supervisor does
+        (``restart: always`` in docker/compose.yaml). Yields the names restarted, in order."""
+        restarted: list[str] = []
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(1.0):
+                for name in names:
+                    proc = self.procs.get(name)
+                    if proc is not None and proc.poll() is not None:
+                        restarted.append(name)
+                        self.start_process(name, *proc.args[1:])
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            yield restarted
+        finally:
+            done.set()
+            watcher.join()
 
     def start(self) -> AirflowInstance:
         self.airflow("db", "migrate")
