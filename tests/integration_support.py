@@ -175,9 +175,8 @@ class AirflowInstance:
 
     @contextlib.contextmanager
     def restarting(self, *names: str):
-        """Start again any of processes ``names`` that exits meanwhile, as a fleet's supervisor does
-        (``restart: always`` in docker/compose.yaml). Yields the names restarted, in order."""
-        restarted: list[str] = []
+        """Start again any of processes ``names`` that exits meanwhile (with its arguments, in this
+        home's environment), as a fleet's supervisor does (``restart: always`` in docker/compose.yaml)."""
         done = threading.Event()
 
         def watch() -> None:
@@ -185,13 +184,12 @@ class AirflowInstance:
                 for name in names:
                     proc = self.procs.get(name)
                     if proc is not None and proc.poll() is not None:
-                        restarted.append(name)
                         self.start_process(name, *proc.args[1:])
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         try:
-            yield restarted
+            yield
         finally:
             done.set()
             watcher.join()
