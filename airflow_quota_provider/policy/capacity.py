@@ -81,6 +81,23 @@ def _ever_fits_each(quotas: tuple[Quota, ...], capacity: int, cohorts: tuple[Coh
     return result
 
 
+_last_by_name: list = [None]
+"""The last :func:`_by_name` asked of a tuple, with its answer."""
+
+
+def _by_name(quotas: Iterable[Quota], capacity: int) -> tuple[dict[str, Quota], int]:
+    """A job queue's quotas by name, and its common pool (what their capacities leave of ``capacity``).
+    Callers only read the dict: asked again of the same tuple (every cycle of a replay) it is reused."""
+    last = _last_by_name[0]
+    if last is not None and last[0] is quotas and last[1] == capacity:
+        return last[2], last[3]
+    by_name = {q.name: q for q in quotas}
+    common = capacity - sum(q.capacity for q in by_name.values())
+    if isinstance(quotas, tuple):
+        _last_by_name[0] = (quotas, capacity, by_name, common)
+    return by_name, common
+
+
 class Usage:
     """Mutable usage of one job queue during one decision; every check is O(1)."""
 
@@ -90,17 +107,17 @@ class Usage:
     def __init__(self, capacity: int, quotas: Iterable[Quota], in_use: dict[str, int] | None = None) -> None:
         """``in_use``: GPUs per quota to start from (:meth:`add` for each, summed once here)."""
         self.capacity = capacity
-        self.quotas = {q.name: q for q in quotas}
+        self.quotas, common = _by_name(quotas, capacity)
         used = self.used = dict.fromkeys(self.quotas, 0)
         for name, gpus in (in_use or {}).items():
             used[name] += gpus
         self.physical = 0
-        common = capacity
         supply = borrowed_total = 0
         for name, quota in self.quotas.items():  # one pass: a cycle starts here, many per second
-            common -= quota.capacity
-            supply += lendable(quota, used[name])
-            borrowed_total += borrowed(quota, used[name])
+            if used[name] >= quota.capacity:  # lends nothing, borrows the rest: the hot case of a busy queue
+                borrowed_total += used[name] - quota.capacity
+            else:
+                supply += lendable(quota, used[name])
         self.common = common
         self.supply = common + supply
         self.borrowed_total = borrowed_total
@@ -108,8 +125,11 @@ class Usage:
     def _set(self, name: str, new: int) -> None:
         quota = self.quotas[name]
         old = self.used[name]
-        self.supply += lendable(quota, new) - lendable(quota, old)
-        self.borrowed_total += borrowed(quota, new) - borrowed(quota, old)
+        if old >= quota.capacity and new >= quota.capacity:  # lends nothing before or after: the hot case
+            self.borrowed_total += new - old
+        else:
+            self.supply += lendable(quota, new) - lendable(quota, old)
+            self.borrowed_total += borrowed(quota, new) - borrowed(quota, old)
         self.used[name] = new
 
     def add(self, name: str, gpus: int) -> None:

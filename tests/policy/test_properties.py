@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_quota_provider.policy import Cohort, Host, Job, PreemptionPolicy, Quota, State, decide
+from airflow_quota_provider.policy.capacity import Usage
 from airflow_quota_provider.policy.ordering import queue_order
 
 SHARING = ("reserve", "lend", "lend_and_borrow")
@@ -245,6 +246,33 @@ def logical_end(state: State, decision) -> dict[str, int]:
 
 
 NOW = 100.0
+
+
+@given(quotas(), st.integers(0, 4), st.lists(st.tuples(st.integers(0, 3), st.integers(-4, 4)), max_size=16))
+def test_usage_changed_gpu_by_gpu_fits_as_the_balance_rule_says(quota_list, spare, changes):
+    """A :class:`Usage` kept up to date through ``add``/``remove`` (its shortcut for a quota above its
+    capacity before and after included) has the figures of one built afresh from the same usage (its
+    own shortcut), and both answer ``fits`` as the balance rule re-derived here."""
+    by_name = {q.name: q for q in quota_list}
+    names = sorted(by_name)
+    capacity = max(1, sum(q.capacity for q in quota_list) + spare)
+    usage = Usage(capacity, quota_list)
+    used = dict.fromkeys(names, 0)
+    for index, delta in changes:
+        name = names[index % len(names)]
+        trial = dict(used, **{name: max(0, used[name] + delta)})
+        if balanced(trial, by_name, capacity):
+            (usage.add if trial[name] >= used[name] else usage.remove)(name, abs(trial[name] - used[name]))
+            used = trial
+    fresh = Usage(capacity, quota_list, used)
+    assert usage.used == fresh.used == used
+    assert (usage.supply, usage.borrowed_total) == (fresh.supply, fresh.borrowed_total)
+    for name in names:
+        for gpus in range(1, 6):
+            for borrow in (False, True):
+                trial = dict(used, **{name: used[name] + gpus})
+                expected = balanced(trial, by_name, capacity, within=None if borrow else name)
+                assert usage.fits(name, gpus, borrow=borrow) == fresh.fits(name, gpus, borrow=borrow) == expected
 
 
 @given(states())
