@@ -379,14 +379,18 @@ class _Cycle:
         position = dict.fromkeys(backlog.quotas(), 0)
         tree = self.usage.tree is not None
         key = self.usage.share if not tree else lambda name: self._tree_key(name, position[name])
-        heap = [(key(name), name) for name in position]
+        # Entries carry the epoch they were keyed in: a flat quota's share changes only with its own
+        # usage, which only its own admissions (it is pushed again after them) or its jobs taken as
+        # victims (a new epoch) change. A cohort's level moves with its other quotas: always re-keyed.
+        heap = [(key(name), name, self.epoch) for name in position]
         heapq.heapify(heap)
         while heap:
-            share, name = heapq.heappop(heap)
-            current = key(name)
-            if current != share:  # victims elsewhere changed it since it was pushed
-                heapq.heappush(heap, (current, name))
-                continue
+            share, name, epoch = heapq.heappop(heap)
+            if tree or epoch != self.epoch:
+                current = key(name)
+                if current != share:  # victims elsewhere changed it since it was pushed
+                    heapq.heappush(heap, (current, name, self.epoch))
+                    continue
             entries = backlog.entries(name)
             index = position[name]
             # A job that has to wait changes no share, so this quota stays first: go on with it, at its
@@ -408,7 +412,7 @@ class _Cycle:
                     index = self._next_open(name, True, index)
             position[name] = index
             if index < len(entries):
-                heapq.heappush(heap, (key(name), name))
+                heapq.heappush(heap, (key(name), name, self.epoch))
 
     def _tree_key(self, name: str, index: int) -> tuple:
         """A quota's place in the borrowing pass with cohorts: the level its next waiting job borrows
