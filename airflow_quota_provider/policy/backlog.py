@@ -113,18 +113,16 @@ class Backlog:
             yield job
 
     # Distinct sizes and priorities are few, so these are cheap however long the queue is.
+    # Asked of every quota at every cycle: read from _span without a call when known.
     def smallest(self, quota: str) -> int:
-        span = self._span.get(quota)  # asked of every quota a cycle closes: one call less when known
-        return (span or self._bounds(quota))[0]
+        return (self._span.get(quota) or self._bounds(quota))[0]
 
     def largest(self, quota: str) -> int:
-        return self._bounds(quota)[1]
+        return (self._span.get(quota) or self._bounds(quota))[1]
 
     def _bounds(self, quota: str) -> tuple[int, int]:
-        span = self._span.get(quota)
-        if span is None:
-            sizes = self._sizes[quota]
-            span = self._span[quota] = (min(sizes), max(sizes))
+        sizes = self._sizes[quota]
+        span = self._span[quota] = (min(sizes), max(sizes))
         return span
 
     def next_smaller(self, quota: str, index: int, gpus: float) -> int:
