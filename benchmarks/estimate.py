@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from decide import make_state  # noqa: E402
+from simulate import PRIORITIES, PRIORITY_SEED  # noqa: E402
 
 from airflow_quota_provider.policy import State  # noqa: E402
 from airflow_quota_provider.simulation import parse_priority_classes  # noqa: E402
@@ -58,7 +59,7 @@ def replay_errors(days: tuple[float, float], every_s: float, noise: float) -> No
 
     root = Path(__file__).resolve().parent.parent
     jobs = load_trace(root.parent / "shared" / "traces" / "itp_elasticflow.csv")
-    jobs, _ = assign_priorities(jobs, parse_priority_classes("high=0.2:100,normal=0.8:10"), seed=1)
+    jobs, _ = assign_priorities(jobs, parse_priority_classes(PRIORITIES), seed=PRIORITY_SEED)
     jobs = select_days(jobs, *days)
     config = load_quota_file(root / "examples" / "itp-quotas.yaml")
     forecasts: list[tuple[float, dict]] = []

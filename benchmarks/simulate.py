@@ -39,6 +39,8 @@ from airflow_quota_provider.simulation.policies import POLICIES
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_S = 10.0
+PRIORITIES, PRIORITY_SEED = "high=0.2:100,normal=0.8:10", 1
+"""The priority classes drawn for the trace's jobs (it has none), and the seed of the draw."""
 SPARE_S = (0.5, 1.5)
 """``spare_finishing_within_s`` of the Kueue shape's last rows: a medium job's run time, so a large job
 waits for the medium ones it would reclaim rather than make them run again, and three, to absorb noisy
@@ -71,7 +73,7 @@ def _replay(args: tuple) -> tuple:
     """One replay in a worker process: (label, wall s, CPU s, policy's figures)."""
     trace, config, policy, hosts_per_queue, gpus_per_host, noise = args
     jobs = load_trace(trace)
-    jobs, _ = assign_priorities(jobs, parse_priority_classes("high=0.2:100,normal=0.8:10"), seed=1)
+    jobs, _ = assign_priorities(jobs, parse_priority_classes(PRIORITIES), seed=PRIORITY_SEED)
     run = simulate(load_quota_file(config), jobs, [policy], hosts_per_queue=hosts_per_queue,
                    gpus_per_host=gpus_per_host, runtime_noise=noise)
     return run.replay_s[policy], run.replay_cpu_s[policy], run.report["policies"][policy], len(jobs)
@@ -89,7 +91,7 @@ def trace_replay(trace: Path, config: Path, policies: list[str], hosts_per_queue
     if "quota" in policies:
         runs += [("quota", noise) for noise in noises]
     hosts = "" if hosts_per_queue is None else f", {hosts_per_queue} hosts of {gpus_per_host} GPUs per job queue"
-    print(f"full trace: {trace.name}, {config.name}, priorities high=0.2:100,normal=0.8:10 seed 1{hosts}; "
+    print(f"full trace: {trace.name}, {config.name}, priorities {PRIORITIES} seed {PRIORITY_SEED}{hosts}; "
           f"{len(runs)} replays, {jobs_at_once} at once")
     print(f"{'policy':<18} {'wall s':>8} {'CPU s':>8} {'decisions':>10} {'goal <= 10 s':>13}  wait mean s  makespan s"
           f"  preemptions  lost GPU-h" + ("  rejected > host" if hosts else ""))
