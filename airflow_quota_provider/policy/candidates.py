@@ -165,7 +165,8 @@ class Candidates:
         if totals is None:
             # The running jobs' own count when the quota's rules cannot spare one of them at this now:
             # most cycles search, and would otherwise walk a quota's jobs only for this bound.
-            totals = self._running.stoppable_totals(quota.name) if self._stoppable_is_the_rule(quota) else None
+            # (None too when one of them has a min_runtime_s of its own: :meth:`_stoppable_is_the_rule`.)
+            totals = self._running.stoppable_totals(quota.name) if spares_none(quota) else None
             if totals is None:
                 by_priority: dict[int, int] = {}
                 for job in self._running.of_quota(quota.name):
