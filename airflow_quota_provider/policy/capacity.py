@@ -292,7 +292,7 @@ class TreeUsage(Usage):
 
     def __init__(self, capacity: int, quotas: Iterable[Quota], tree: CohortTree, in_use: dict[str, int] | None = None) -> None:
         self.capacity = capacity
-        self.quotas = {q.name: q for q in quotas}
+        self.quotas, _ = _by_name(quotas, capacity)
         self.used = dict.fromkeys(self.quotas, 0)
         self.physical = 0
         self.tree = tree
