@@ -54,6 +54,17 @@ from airflow_quota_provider.simulation.workload import InputError, TraceJob
 FINISH, STOP, ARRIVE, DECIDE = 0, 1, 2, 3
 
 
+def checkpoint_times(start: float, now: float, interval: float) -> tuple[float, float]:
+    """The last checkpoint at or before ``now`` of a run begun at ``start`` (``start`` itself when none
+    yet), and the next one, after ``now``. ``(now - start) / interval`` can round to just below a whole
+    number (``(4.1 - 0.2) / 0.3`` is 12.9999...): stepping on from there keeps the next one after ``now``,
+    where the replay would otherwise refresh the same checkpoint forever."""
+    last = start + math.floor((now - start) / interval) * interval
+    while last + interval <= now:
+        last += interval
+    return last, last + interval
+
+
 def _changed(job: Job, **changes: Any) -> Job:
     """``dataclasses.replace(job, **changes)`` for a fifth of its cost (a replay changes ~500,000 jobs,
     most of them to note a checkpoint): a :class:`Job` is plain frozen data, each field kept as given
@@ -368,9 +379,7 @@ class Simulator:
         if job.attempt != attempt or job.status != "running":
             return  # it finished during its grace period
         now = self.env.now
-        elapsed = now - job.start
-        saved = math.floor(elapsed / job.checkpoint) * job.checkpoint if job.checkpoint > 0 else 0.0
-        saved = min(saved, job.remaining)
+        saved = min(checkpoint_times(job.start, now, job.checkpoint)[0] - job.start, job.remaining) if job.checkpoint > 0 else 0.0
         self._release(job, now, lost_since=job.start + saved)
         begin, end = lost_span(job.start, now, job.start + saved)
         job.lost += (end - begin) * job.trace.gpus
@@ -391,10 +400,10 @@ class Simulator:
             if job.status != "running" or job.attempt != attempt:
                 heapq.heappop(heap)
                 continue
-            last = job.start + math.floor((now - job.start) / job.checkpoint) * job.checkpoint
+            last, following = checkpoint_times(job.start, now, job.checkpoint)
             job.job = _changed(job.job, last_checkpoint_at=last)
             run.running.swap(job.job)  # only last_checkpoint_at changed
-            heapq.heapreplace(heap, (last + job.checkpoint, attempt, job_id))
+            heapq.heapreplace(heap, (following, attempt, job_id))
 
     def _decide(self, run: _QueueRun) -> None:
         now = self.env.now

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from airflow_quota_provider.policy import Job
-from airflow_quota_provider.simulation.engine import Simulator, _changed
+from airflow_quota_provider.simulation.engine import Simulator, _changed, checkpoint_times
 from airflow_quota_provider.simulation.policies import policy_setup
+from airflow_quota_provider.simulation.workload import kueue_baseline
 from tests.simulation.builders import job, quota_file, two_quotas
 
 RUNNING = Job(id="j1", quota="a", gpus=2, priority=5, submitted_at=1.0, started_at=3.0, last_checkpoint_at=3.0,
@@ -35,3 +36,25 @@ def test_the_replay_asks_again_when_a_spared_job_outlives_its_estimate_and_windo
     by_id = {j.trace.id: j for j in result.jobs}
     assert by_id["b1"].preemptions == 1
     assert by_id["a1"].first_start == 930.0
+
+
+def test_the_next_checkpoint_is_after_now_where_the_division_rounds_below_a_whole_number():
+    assert (4.1 - 0.2) / 0.3 < 13  # 12.999...: floor alone would say 12 checkpoints, the 13th at 4.1
+    last, following = checkpoint_times(0.2, 4.1, 0.3)
+    assert last <= 4.1 < following
+    assert round((last - 0.2) / 0.3) == 13
+    for start in (0.0, 0.1, 0.2, 0.4, 0.7000000000000001, 0.8, 3.3):
+        for n in range(1, 40):
+            now = start + n * 0.3
+            last, following = checkpoint_times(start, now, 0.3)
+            assert start <= last <= now < following, (start, now)
+
+
+def test_a_replay_with_a_sub_second_checkpoint_interval_ends():
+    # Kueue's jobs run 0.2-1 s; with a checkpoint every 0.3 s the replay once refreshed a checkpoint
+    # at a time (start + whole intervals) whose division rounded down, forever.
+    config, jobs = kueue_baseline(spare_finishing_within_s=0.5)
+    jobs = sorted(jobs, key=lambda j: j.submit_time_s)[:1000]
+    result = Simulator(config, policy_setup(config, "quota"), jobs, checkpoint_interval_s=0.3, runtime_noise=0.5).run()
+    assert all(j.status == "completed" for j in result.jobs)
+    assert sum(j.preemptions for j in result.jobs) > 0
