@@ -100,9 +100,14 @@ class Running:
     def swap(self, job: Job) -> None:
         """:meth:`replace` for a caller that knows nothing this object counts or orders by start changed
         (a checkpoint: only ``last_checkpoint_at``), without comparing."""
-        if job.quota in self._saved and job.started_at is not None:
-            self._by_work(self._jobs[job.id], _delete)
-            self._by_work(job, insort)
+        saved = self._saved.get(job.quota)
+        if saved is not None and job.started_at is not None:
+            old = self._jobs[job.id]
+            _delete(saved, _saved_key(old))
+            insort(saved, _saved_key(job))
+            if old.expected_runtime_s != job.expected_runtime_s:  # its expected end moves only with this
+                self._by_work_end(old, _delete)
+                self._by_work_end(job, insort)
         self._jobs[job.id] = self._by_quota[job.quota][job.id] = job
         if job.preempted_for is not None:
             self._stopping[job.preempted_for][job.id] = job
@@ -113,8 +118,11 @@ class Running:
         saved = self._saved.get(job.quota)
         if saved is not None:
             change(saved, _saved_key(job))
-            if job.expected_runtime_s is not None:
-                change(self._ends[job.quota], _end_key(job))
+            self._by_work_end(job, change)
+
+    def _by_work_end(self, job: Job, change) -> None:
+        if job.expected_runtime_s is not None:
+            change(self._ends[job.quota], _end_key(job))
 
     def _count(self, job: Job, sign: int) -> None:
         gpus = sign * job.gpus
