@@ -101,11 +101,10 @@ def _by_name(quotas: Iterable[Quota], capacity: int) -> tuple[dict[str, Quota], 
 class Usage:
     """Mutable usage of one job queue during one decision; every check is O(1)."""
 
-    tree: CohortTree | None = None
-    """The queue's cohorts (:class:`TreeUsage`); None: the quotas are flat."""
-
     def __init__(self, capacity: int, quotas: Iterable[Quota], in_use: dict[str, int] | None = None) -> None:
         """``in_use``: GPUs per quota to start from (:meth:`add` for each, summed once here)."""
+        self.tree: CohortTree | None = None
+        """The queue's cohorts (:class:`TreeUsage`); None: the quotas are flat."""
         self.capacity = capacity
         self.quotas, common = _by_name(quotas, capacity)
         used = self.used = dict.fromkeys(self.quotas, 0)
