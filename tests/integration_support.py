@@ -57,10 +57,16 @@ def provider_shim(root: Path) -> Path:
     return root
 
 
+def port_shift() -> int:
+    """What :func:`free_port` adds to its range in this pytest-xdist worker."""
+    return 1000 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+
+
 def free_port(first: int, last: int, *, also: int = 0) -> int:
-    """A port in [first, last] that is free now (and ``port + also`` too, when ``also``), shifted by 1000
-    per pytest-xdist worker: a port found free is taken only when a server starts, seconds later."""
-    shift = 1000 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    """A port in [first, last] that is free now (and ``port + also`` too, when ``also``), shifted by
+    :func:`port_shift` per pytest-xdist worker: a port found free is taken only when a server starts,
+    seconds later."""
+    shift = port_shift()
     for port in range(first + shift, last + shift + 1):
         wanted = [port] + ([port + also] if also else [])
         try:

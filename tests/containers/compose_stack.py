@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 
 from airflow_quota_provider.executors.local_launcher import kill_tree
-from tests.integration_support import REPO, VENV_BIN, AirflowInstance, free_port, provider_shim, wait_for
+from tests.integration_support import REPO, VENV_BIN, AirflowInstance, free_port, port_shift, provider_shim, wait_for
 
 COMPOSE_FILE = REPO / "docker" / "compose.yaml"
 GPU_OVERRIDE = REPO / "docker" / "compose.gpu.yaml"
@@ -140,7 +140,7 @@ class ComposeStack(AirflowInstance):
 
     def _free_port(self) -> int:
         port = free_port(self._next_port, 18999)
-        self._next_port = port + 1
+        self._next_port = port + 1 - port_shift()  # the range free_port shifts, past this port
         return port
 
     def root(self, name: str) -> Path:
