@@ -379,7 +379,9 @@ class Simulator:
         if job.attempt != attempt or job.status != "running":
             return  # it finished during its grace period
         now = self.env.now
-        saved = min(checkpoint_times(job.start, now, job.checkpoint)[0] - job.start, job.remaining) if job.checkpoint > 0 else 0.0
+        saved = 0.0
+        if job.checkpoint > 0:
+            saved = min(checkpoint_times(job.start, now, job.checkpoint)[0] - job.start, job.remaining)
         self._release(job, now, lost_since=job.start + saved)
         begin, end = lost_span(job.start, now, job.start + saved)
         job.lost += (end - begin) * job.trace.gpus
