@@ -4,6 +4,7 @@
                                   [--config examples/itp-quotas.yaml] [--policies quota,static,fifo]
                                   [--hosts-per-queue N --gpus-per-host G] [--skip-trace] [--skip-kueue]
                                   [--jobs N] [--runtime-noise SIGMA,...] [--spare-finishing-within S,...]
+                                  [--builds pure,compiled]
 
 Prints, per policy: wall-clock and CPU seconds of the replay, decisions made, and whether it met the
 goal of issue 16 (at most 10 s per policy); with hosts, the trace is replayed on N hosts of G GPUs per
@@ -17,11 +18,16 @@ capacity, the work lost to preemption, and per size class our mean wait and Kueu
 runs with expected runtimes are repeated with every quota's ``spare_finishing_within_s`` at each
 ``--spare-finishing-within`` (default 0.5 s, a medium job's run time, and 1.5 s, three). ``--jobs N``
 runs N replays at once, one process each (wall seconds then include the machine's contention).
+``--builds`` runs everything once per build, one after the other: ``pure`` is the Python source every
+checkout runs, ``compiled`` the optional Cython build of the same source that scripts/build-compiled
+makes in build/compiled (a C compiler needed).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -143,6 +149,36 @@ def _numbers(parser: argparse.ArgumentParser, flag: str, text: str) -> list[floa
         parser.error(f"{flag}: {text!r} is not a list of numbers")
 
 
+BUILDS = ("pure", "compiled")
+
+
+def _running_build() -> str:
+    import airflow_quota_provider.policy.cycle as cycle
+
+    return "pure" if cycle.__file__.endswith(".py") else "compiled"
+
+
+def _each_build(builds: list[str]) -> int:
+    """This script again, once per build, each in a process whose path holds that build first."""
+    argv, given = [], iter(sys.argv[1:])
+    for arg in given:  # every argument but --builds
+        if arg == "--builds":
+            next(given, None)
+        elif not arg.startswith("--builds="):
+            argv.append(arg)
+    failed = 0
+    for build in builds:
+        path = ROOT
+        if build == "compiled":
+            path = ROOT / "build" / "compiled"
+            subprocess.run([str(ROOT / "scripts" / "build-compiled"), str(path)], check=True, stdout=subprocess.DEVNULL,
+                           env={**os.environ, "PYTHON": sys.executable})
+        print(f"\n== {build} build ==", flush=True)
+        failed |= subprocess.run([sys.executable, __file__, *argv, "--builds", build],
+                                 env={**os.environ, "PYTHONPATH": str(path)}).returncode
+    return failed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", type=Path, default=ROOT.parent / "shared" / "traces" / "itp_elasticflow.csv")
@@ -157,7 +193,14 @@ def main() -> int:
                         help="Kueue shape: spare_finishing_within_s of the repeated runs with runtimes; empty: none")
     parser.add_argument("--runtime-noise", default="0,0.5", metavar="SIGMA,...",
                         help="replay quota again with expected runtimes, exact (0) or noisy; empty: none")
+    parser.add_argument("--builds", default=",".join(BUILDS), metavar="BUILD,...",
+                        help="pure (the checkout's Python source) and/or compiled (scripts/build-compiled)")
     args = parser.parse_args()
+    builds = [b.strip() for b in args.builds.split(",") if b.strip()]
+    if not builds or any(b not in BUILDS for b in builds):
+        parser.error(f"--builds: {args.builds!r} must name some of {', '.join(BUILDS)}")
+    if builds != [_running_build()]:
+        return _each_build(builds)
     if args.jobs < 1:
         parser.error(f"--jobs: {args.jobs} must be at least 1")
     noises = _numbers(parser, "--runtime-noise", args.runtime_noise)

@@ -1,13 +1,9 @@
 """The scheduling policy: pure Python, no Airflow import, plain data in and a decision out.
 
 The executor, the simulator, the CLI and the REST API all call this package; it is the only place
-that knows the quota arithmetic and the preemption rules (DESIGN §2). setup.py compiles its hot
-modules with Cython, from this same source, where a compiler is at hand.
+that knows the quota arithmetic and the preemption rules (DESIGN §2). Its hot modules can also be
+compiled with Cython from this same source, on request (setup.py).
 """
-
-from airflow_quota_provider._compiled import check
-
-check(__path__[0])  # before a stale compiled module is imported below
 
 from airflow_quota_provider.policy.capacity import CohortUsage, QuotaUsage, summarize, summarize_cohorts
 from airflow_quota_provider.policy.config import (

@@ -4,10 +4,6 @@ Entry points: :func:`simulate` (a workload under several policies, checked and s
 command line ``python -m airflow_quota_provider.simulation run`` (see ``docs/simulation.md``).
 """
 
-from airflow_quota_provider._compiled import check
-
-check(__path__[0])  # before a stale compiled module is imported below
-
 from airflow_quota_provider.simulation.engine import CheckError, Environment, SimulationResult, Simulator
 from airflow_quota_provider.simulation.policies import POLICIES, policy_setup
 from airflow_quota_provider.simulation.runner import DEFAULT_CHECKPOINT_INTERVAL_S, Run, simulate
