@@ -78,7 +78,6 @@ class Act:
             job, preemptor=preemption.for_, reason=preemption.reason, deadline=deadline,
             fail_message=preemption.message if preemption.fail else None, session=session,
         )
-        self._victims_stopping = True  # watched for its exit between heartbeats from now on
         notice = {"reason": preemption.reason, "preemptor": preemption.for_, "deadline": deadline}
         if preemption.fail:
             notice.update(fail=True, message=preemption.message)

@@ -9,9 +9,6 @@ Every heartbeat, :meth:`QuotaExecutor.sync` rebuilds the state from the provider
 policy core what to do for each job queue, and acts: it launches admitted jobs on their devices,
 tells victims to stop, and writes every waiting job's reason and position. The tables are the only
 truth, so a restarted scheduler carries on where the old one stopped.
-On a fleet, while victims are stopping, a thread of the executor also settles each one as soon as
-its host records its exit and launches the job waiting for its GPUs, without waiting for the
-scheduler's next heartbeat (:meth:`~.reconcile.Reconcile._settle_exits`).
 
 Where processes run is the launcher's business (:mod:`.launcher`): ``[quota] launcher = local``
 forks them on this machine (the default), ``celery`` sends them to GPU hosts running
@@ -34,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
@@ -52,7 +48,7 @@ from airflow.utils.session import create_session
 from airflow_quota_provider.executors.act import Act
 from airflow_quota_provider.executors.config import LAUNCHERS, MANAGED_POOL, QuotaConfig, QuotaConfigError, discover_devices
 from airflow_quota_provider.executors.estimates import StartEstimates
-from airflow_quota_provider.executors.reconcile import EXIT_WATCH_S, Reconcile
+from airflow_quota_provider.executors.reconcile import Reconcile
 from airflow_quota_provider.executors.runtimes import CheckpointTimes, RuntimeHistory, local_checkpoint_dir
 from airflow_quota_provider.executors.schedule import Schedule
 from airflow_quota_provider.metrics import GpuSecondsMeter, emit_metrics
@@ -109,11 +105,6 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         self._last_handover_check = 0.0
         self._reported: dict[int, float] = {}
         """Job id -> when its report was last sent (:meth:`_report` sends until Airflow acts)."""
-        self._cycle_lock = threading.Lock()
-        """Held by a cycle: :meth:`sync` and the exit watcher's (:meth:`_watch_exits`) never overlap."""
-        self._victims_stopping = False
-        """Whether jobs were told to stop and may exit before the next heartbeat."""
-        self._stop_watching = threading.Event()
         self._load_startup_config()
         self._estimates = StartEstimates(conf.getfloat("quota", "estimate_interval_s", fallback=30.0), self.log)
         """Estimated start times, forecast in a background thread from the states decided on."""
@@ -174,25 +165,6 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         with create_session() as session:
             self._sync_pools(session)
             self._warn_of_a_second_scheduler_on_sqlite(session)
-        if self.launcher.places_on_hosts:  # a fleet: the tables are on PostgreSQL, shared by threads safely
-            threading.Thread(target=self._watch_exits, name="quota-exit-watch", daemon=True).start()
-
-    def _watch_exits(self) -> None:
-        """Hand a victim's GPUs to the job waiting for them as soon as its host records its exit, not
-        at the scheduler's next heartbeat (:meth:`~.reconcile.Reconcile._settle_exits`)."""
-        failing = False
-        while not self._stop_watching.wait(EXIT_WATCH_S):
-            if not self._victims_stopping:
-                continue
-            try:
-                with self._cycle_lock, create_session() as session:
-                    self._settle_exits(session)
-                failing = False
-            except Exception:
-                self._to_launch = []  # rolled back: the next heartbeat settles them
-                if not failing:
-                    self.log.warning("QuotaExecutor could not settle exits between heartbeats", exc_info=True)
-                failing = True
 
     def _warn_of_a_second_scheduler_on_sqlite(self, session: Session) -> None:
         """SQLite has no advisory locks, so two schedulers there could hand the same GPUs out twice."""
@@ -217,11 +189,10 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         """Stop scheduling (nothing new starts); running tasks keep running and the next scheduler
         adopts them. Tasks that already ended are reported now."""
         self._estimates.close()
-        self._stop_watching.set()
         if self.launcher is None:
             return
         try:
-            with self._cycle_lock, create_session() as session:
+            with create_session() as session:
                 self._begin_cycle(session)
                 self._watch_launches(session)
                 self._report(session)
@@ -302,7 +273,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         if self.launcher is None:
             return
         try:
-            with self._cycle_lock, create_session() as session:
+            with create_session() as session:
                 self._begin_cycle(session)
                 # Airflow's sessions do not autoflush: flush after each step so that the next
                 # step's queries see its changes.

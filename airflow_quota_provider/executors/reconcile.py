@@ -42,22 +42,19 @@ KEEPALIVE_EVERY_S = 5.0
 HOST_CHECK_EVERY_S = 2.0
 HANDOVER_CHECK_EVERY_S = 10.0
 REPORT_AGAIN_S = 10.0
-EXIT_WATCH_S = 0.1
-"""How often, while victims are stopping, their launches are asked whether they exited (between heartbeats)."""
 _IN_TRY = frozenset({TaskInstanceState.QUEUED, TaskInstanceState.RUNNING})
 _HOLDING = tuple(s.value for s in JobState.holding())
-_STOPPING = (JobState.STOPPING.value,)
 
 
 class Reconcile:
     """Mixed into :class:`QuotaExecutor`."""
 
-    def _holding_handles(self: QuotaExecutor, session: Session, states: tuple[str, ...] = _HOLDING) -> dict[str, int]:
-        """Handle -> job id of every job holding devices under a launch (or only of those in
-        ``states``), in the job queues this executor decides for this cycle."""
+    def _holding_handles(self: QuotaExecutor, session: Session) -> dict[str, int]:
+        """Handle -> job id of every job holding devices under a launch, in the job queues this
+        executor decides for this cycle."""
         rows = session.execute(
             select(QuotaJob.handle, QuotaJob.id).where(
-                QuotaJob.state.in_(states),
+                QuotaJob.state.in_(_HOLDING),
                 QuotaJob.handle.is_not(None),
                 QuotaJob.queue_name.in_(self._locked),
             )
@@ -127,27 +124,10 @@ class Reconcile:
                              f"took back launch {handle}" if handle else "undone")
         return bool(jobs)
 
-    def _settle_exits(self: QuotaExecutor, session: Session) -> bool:
-        """Between heartbeats: settle the victims whose process is gone and, if one was, decide at
-        once, so that the job waiting for their GPUs is launched now.
-
-        The scheduler's loop calls :meth:`sync` only after its own work and, when idle,
-        ``[scheduler] scheduler_idle_sleep_time`` (0.3-1 s on a busy scheduler): a preemptor would
-        wait that long on top of its victims' exit. Called every :data:`EXIT_WATCH_S` while victims
-        are stopping (:meth:`QuotaExecutor._watch_exits`), under the lock that :meth:`sync` holds;
-        it reads only the stopping jobs' launches."""
-        self._begin_cycle(session)
-        if not self._watch_launches(session, _STOPPING):
-            return False
-        session.flush()
-        self._last_schedule = time.monotonic()
-        self._schedule(session)
-        return True
-
-    def _watch_launches(self: QuotaExecutor, session: Session, states: tuple[str, ...] = _HOLDING) -> bool:
-        """Settle jobs (of ``states``) whose process has ended or whose host is lost: finished,
-        preempted, evicted, or past the preemption limit."""
-        handles = self._holding_handles(session, states)
+    def _watch_launches(self: QuotaExecutor, session: Session) -> bool:
+        """Settle jobs whose process has ended or whose host is lost: finished, preempted, evicted, or
+        past the preemption limit."""
+        handles = self._holding_handles(session)
         if not handles:
             return False
         changed = False
@@ -284,7 +264,6 @@ class Reconcile:
             .where(QuotaJob.state == JobState.STOPPING.value, QuotaJob.queue_name.in_(self._locked))
             .with_for_update()
         ).all()
-        self._victims_stopping = bool(stopping)
         for job in stopping:
             if job.forced_at is not None:
                 if now - job.forced_at > FORCE_KILL_AFTER_S and job.handle:
