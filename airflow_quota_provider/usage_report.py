@@ -17,7 +17,7 @@ from airflow_quota_provider.policy.accounting import (
     DAY_S,
     KINDS,
     Account,
-    account,
+    account_history,
     holds_from_events,
     period_cuts,
     totals,
@@ -31,25 +31,52 @@ if TYPE_CHECKING:
 BY = ("quota", "dag", "owner")
 MAX_BUCKETS = 1440
 """The most buckets one series request may ask for (a day in one-minute buckets)."""
+TIME_MIN, TIME_MAX = 0.0, 253402300799.0
+"""The times a request may name: 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z, in POSIX seconds."""
+MAX_DAYS = 3660
+"""The longest period one report covers, in days (ten years): a report is one account period per
+UTC day, so this bounds its work and memory whatever ``since`` and ``until`` a caller sends."""
+MAX_OLDER_THAN_DAYS = 36500
+"""The largest ``db-clean --older-than`` (a hundred years)."""
 
 
 class UsageRequestError(ValueError):
-    """A bad request; the message names the field (``since``, ``until``, ``by``)."""
+    """A bad request; the message names the field (``since``, ``until``, ``by``, ``every``, ``older-than``)
+    and the values allowed. The one home of these checks: the CLI and the REST API both call here."""
 
 
 def parse_time(value: str, field: str) -> float:
-    """An ISO 8601 time (UTC when it names no zone) or POSIX seconds, as POSIX seconds."""
+    """An ISO 8601 time (UTC when it names no zone) or POSIX seconds, as POSIX seconds, from
+    :data:`TIME_MIN` to :data:`TIME_MAX` (NaN, infinities and times outside are refused)."""
     try:
-        return float(value)
+        at = float(value)
     except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise UsageRequestError(f"{field}: {value!r} is not an ISO 8601 time (2026-01-31T00:00:00Z) or POSIX seconds") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.timestamp()
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise UsageRequestError(
+                f"{field}: {value!r} is not an ISO 8601 time (2026-01-31T00:00:00Z) or POSIX seconds"
+            ) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        try:
+            at = moment.timestamp()
+        except (OverflowError, ValueError):  # year 1 east of UTC, year 9999 west of it
+            at = float("nan")
+    if not TIME_MIN <= at <= TIME_MAX:  # NaN compares false too
+        raise UsageRequestError(f"{field}: {value!r} is not a time from {iso(TIME_MIN)} to {iso(TIME_MAX)}")
+    return at
+
+
+def check_span(since: float, until: float) -> None:
+    """Refuse an empty, reversed or longer than :data:`MAX_DAYS` period, naming ``until``."""
+    if not until > since:
+        raise UsageRequestError(f"until: {iso(until)} is not after since {iso(since)}")
+    if until - since > MAX_DAYS * DAY_S:
+        raise UsageRequestError(
+            f"until: {iso(until)} is {(until - since) / DAY_S:.0f} days after since {iso(since)}; "
+            f"a report covers at most {MAX_DAYS} days (one period per day)"
+        )
 
 
 def iso(at: float) -> str:
@@ -62,8 +89,7 @@ def account_period(
     """The account of [since, until) cut at the multiples of ``every_s`` (a divisor of a day, so UTC
     midnights are always cuts): rolled-up days from the roll-up (whole days), the rest from the audit
     log. A bound inside a rolled-up day is refused (its events are gone)."""
-    if not until > since:
-        raise UsageRequestError(f"until: {iso(until)} is not after since {iso(since)}")
+    check_span(since, until)
     rolled = ledger.rolled_until(session=session) or float("-inf")
     for name, at in (("since", since), ("until", until)):
         if at < rolled and at % DAY_S:
@@ -77,7 +103,8 @@ def account_period(
     if until > rolled:
         start = max(since, rolled)
         holds = holds_from_events(ledger.accounting_events(start, until, session=session))
-        parts.append(account(quota_file.queues, holds, period_cuts(start, until, every_s)))
+        configs = ledger.config_history(quota_file, until, session=session)
+        parts.append(account_history(configs, holds, period_cuts(start, until, every_s)))
     for part in parts:
         merged.periods += part.periods
         merged.quotas.update(part.quotas)
@@ -129,6 +156,7 @@ def usage_series(
     buckets' rows add up to the report's over the same span (one account, cut finer)."""
     if not (every_s >= 60 and DAY_S % every_s == 0):
         raise UsageRequestError(f"every: {every_s:g} is not a whole divisor of a day (86400) of at least 60 seconds")
+    check_span(since, until)
     if (until - since) / every_s > MAX_BUCKETS:
         raise UsageRequestError(f"every: {every_s:g} s cuts the period into more than {MAX_BUCKETS} buckets")
     result = account_period(quota_file, since, until, every_s=every_s, session=session)
@@ -165,8 +193,19 @@ def usage_csv(rows: list[dict[str, Any]], by: str) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=[*columns(by), "since", "until"], lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({key: csv_cell(value) for key, value in row.items()} for row in rows)
     return out.getvalue()
+
+
+CSV_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""What a spreadsheet reads as the start of a formula (OWASP, CSV injection)."""
+
+
+def csv_cell(value: Any) -> Any:
+    """A CSV cell a spreadsheet shows as text: a string starting like a formula gets a ``'`` before
+    it (a DAG id or owner is user-controlled). Numbers stay numbers, negative ones too: they are
+    ours, never a user's text, and a spreadsheet must add them up."""
+    return "'" + value if isinstance(value, str) and value.startswith(CSV_FORMULA_START) else value
 
 
 def pool_report(quota_file: QuotaFile, since: float, until: float, *, session: Session) -> list[dict[str, Any]]:
@@ -183,8 +222,8 @@ def pool_report(quota_file: QuotaFile, since: float, until: float, *, session: S
 def db_clean(quota_file: QuotaFile, older_than_days: float, *, session: Session, now: float | None = None) -> dict[str, Any]:
     """Roll up every whole UTC day before the horizon (midnight ``older_than_days`` ago) that is not
     rolled up yet, then delete the events and finished jobs before it; the caller commits."""
-    if older_than_days < 0:
-        raise UsageRequestError(f"older-than: {older_than_days} is negative")
+    if not 0 <= older_than_days <= MAX_OLDER_THAN_DAYS:  # NaN compares false too
+        raise UsageRequestError(f"older-than: {older_than_days} is not a number of days from 0 to {MAX_OLDER_THAN_DAYS}")
     now = time.time() if now is None else now
     horizon = (now - older_than_days * DAY_S) // DAY_S * DAY_S
     start = ledger.rolled_until(session=session)
@@ -195,8 +234,9 @@ def db_clean(quota_file: QuotaFile, older_than_days: float, *, session: Session,
     if start is not None and start < horizon:
         holds = holds_from_events(ledger.accounting_events(start, horizon, session=session))
         periods = period_cuts(start, horizon, DAY_S)
-        queue_of = {q.name: queue.name for queue in quota_file.queues for q in queue.quotas}
-        ledger.store_rollup(account(quota_file.queues, holds, periods), queue_of, session=session)
+        configs = ledger.config_history(quota_file, horizon, session=session)
+        queue_of = {q.name: queue.name for _, queues in configs for queue in queues for q in queue.quotas}
+        ledger.store_rollup(account_history(configs, holds, periods), queue_of, session=session)
         days = len(periods)
     jobs, events = ledger.delete_before(horizon, session=session)
     return {"horizon": iso(horizon), "days_rolled_up": days, "jobs_deleted": jobs, "events_deleted": events}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 import getpass
 import json
+import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
@@ -49,6 +50,12 @@ def _quota_file():
         return configured_quota_file()
     except QuotaFileUnavailable as e:
         raise SystemExit(f"Error: {e}")
+
+
+def _bad_input(error: Exception) -> NoReturn:
+    """A bad argument: its error (naming the field and the values allowed) and exit code 2, as argparse's own."""
+    print(f"Error: {error}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
@@ -238,7 +245,7 @@ def usage(args) -> None:
         with create_session() as session:
             rows = usage_report(quota_file, since, until, by=args.by, session=session)
     except UsageRequestError as e:
-        raise SystemExit(f"Error: {e}")
+        _bad_input(e)
     if args.output == "csv":
         print(usage_csv(rows, args.by), end="")
         return
@@ -256,5 +263,5 @@ def db_clean(args) -> None:
         with create_session() as session:
             result = clean(quota_file, args.older_than, session=session)
     except UsageRequestError as e:
-        raise SystemExit(f"Error: {e}")
+        _bad_input(e)
     print(json.dumps(result, indent=2, sort_keys=True))

@@ -54,7 +54,7 @@ from airflow_quota_provider.executors.schedule import Schedule
 from airflow_quota_provider.metrics import GpuSecondsMeter, emit_metrics
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.coordination import POOLS, UNQUEUED, db_now, lock, try_lock
-from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, record_event
+from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, record_config_loaded, record_event
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -163,6 +163,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
                 self.parallelism,
             )
         with create_session() as session:
+            record_config_loaded(self.quota_file, self.config.path, session=session)  # usage charges from here
             self._sync_pools(session)
             self._warn_of_a_second_scheduler_on_sqlite(session)
 
@@ -394,7 +395,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
             record_event(EventKind.CONFIG_REJECTED, session=session, message=str(e))
             return True
         self.log.info("Quota file reloaded: %s", self.config.path)
-        record_event(EventKind.CONFIG_LOADED, session=session, message=self.config.path)
+        record_config_loaded(self.quota_file, self.config.path, session=session)
         self._sync_pools(session)
         return True
 

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from airflow_quota_provider.models.base import QuotaBase
 from airflow_quota_provider.models.coordination import db_now
 from airflow_quota_provider.policy import Job, PolicyError
+from airflow_quota_provider.policy.config import cohort_to_dict, quota_to_dict
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -118,7 +119,8 @@ class EventKind(str, Enum):
     HOST_LOST = "host_lost"
     """A GPU host stopped heartbeating for ``[quota] host_lost_after_s``; its devices leave the pool."""
     CONFIG_LOADED = "config_loaded"
-    """The quota file was (re)loaded; ``message`` is its path."""
+    """The quota file was loaded (scheduler start) or reloaded; ``message`` is its path, ``detail``
+    its job queues as JSON (:func:`record_config_loaded`), which usage accounting charges with."""
     CONFIG_REJECTED = "config_rejected"
     """An edited quota file was invalid; the last good configuration stays; ``message`` says why."""
 
@@ -246,6 +248,8 @@ class QuotaEvent(QuotaBase):
     checkpoint_at: Mapped[float | None] = mapped_column(Float)
     """On ``stopped``: when the preempted run last saved its work (its lost work starts there), where
     the scheduler could see its checkpoints; None: no checkpoint in that run, or none visible."""
+    detail: Mapped[str | None] = mapped_column(Text)
+    """On ``config_loaded``: the quota file's job queues as JSON, in the quota file's form."""
 
     def to_dict(self) -> dict[str, Any]:
         return {c.name: getattr(self, c.name) for c in self.__table__.columns}
@@ -415,6 +419,20 @@ def record_event(kind: EventKind, *, job: QuotaJob | None = None, session: Sessi
         event.quota = event.quota or job.quota
     session.add(event)
     return event
+
+
+def record_config_loaded(quota_file: QuotaFile, path: str, *, session: Session) -> QuotaEvent:
+    """Record that ``quota_file`` (read from ``path``) is in force from now on: its job queues go in
+    ``detail``, in the quota file's own form, so usage accounting charges each moment with the
+    capacities then in force (:func:`~airflow_quota_provider.models.usage.config_history`)."""
+    queues = [
+        {"name": queue.name, "capacity": queue.capacity,
+         **({"capacity_unit": queue.capacity_unit} if queue.capacity_unit else {}),
+         "quotas": [quota_to_dict(quota) for quota in queue.quotas],
+         "cohorts": [cohort_to_dict(cohort) for cohort in queue.cohorts]}
+        for queue in quota_file.queues
+    ]
+    return record_event(EventKind.CONFIG_LOADED, session=session, message=path, detail=dumps({"queues": queues}))
 
 
 def set_priority(

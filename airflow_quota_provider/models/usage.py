@@ -6,17 +6,21 @@ report over rolled-up days reads these instead of the events, and totals survive
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Float, String, delete, func, or_, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from airflow_quota_provider.models.base import QuotaBase
-from airflow_quota_provider.models.job import JobState, QuotaEvent, QuotaJob
-from airflow_quota_provider.policy.accounting import DAY_S, EVENT_KINDS, Account, Event, Figures, PoolFigures
+from airflow_quota_provider.models.job import EventKind, JobState, QuotaEvent, QuotaJob
+from airflow_quota_provider.policy.accounting import DAY_S, EVENT_KINDS, Account, Config, Event, Figures, PoolFigures
+from airflow_quota_provider.policy.config import parse_quota_file
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
+
+    from airflow_quota_provider.policy import QuotaFile
 
 QUOTA, DAG, POOL = "quota", "dag", "pool"
 """``quota_usage_daily.scope``: a quota's figures, one DAG's share of a quota's, a job queue's pool."""
@@ -91,8 +95,44 @@ def _events_before(since: float, until: float, *, session: Session) -> list[Even
     return [Event(at, kind, None if job is None else str(job), *rest) for at, kind, job, *rest in rows]
 
 
+def config_history(current: QuotaFile, until: float, *, session: Session) -> list[Config]:
+    """The configurations in force before ``until``, oldest first, for
+    :func:`~airflow_quota_provider.policy.accounting.account_history`.
+
+    Each ``config_loaded`` event starts one with the job queues its ``detail`` records; an event
+    without them (recorded before they were, or unreadable) stands for ``current``, the quota file
+    read now. The first starts at the install's start: its first audit event or rolled-up day, with
+    ``current`` until the first ``config_loaded`` event. No event at all: nothing is charged.
+    """
+    start = min((at for at in (first_event_at(session=session), rolled_start(session=session)) if at is not None),
+                default=None)
+    if start is None:
+        return []
+    rows = session.execute(
+        select(QuotaEvent.at, QuotaEvent.detail)
+        .where(QuotaEvent.kind == EventKind.CONFIG_LOADED.value, QuotaEvent.at < until)
+        .order_by(QuotaEvent.at, QuotaEvent.id)
+    ).all()
+    parsed: dict[str | None, tuple] = {None: current.queues}  # one parse per distinct file
+    history = [] if rows and rows[0].at <= start else [Config(start, current.queues)]
+    for at, detail in rows:
+        if detail not in parsed:
+            try:
+                parsed[detail] = parse_quota_file(json.loads(detail), max_quotas_per_queue=1 << 30).queues
+            except ValueError:  # PolicyError and JSONDecodeError both are: charge with today's file
+                parsed[detail] = current.queues
+        history.append(Config(at, parsed[detail]))
+    return history
+
+
+def rolled_start(*, session: Session) -> float | None:
+    """The first rolled-up day, or None."""
+    return session.scalar(select(func.min(QuotaUsageDaily.day)))
+
+
 def first_event_at(*, session: Session) -> float | None:
-    return session.scalar(select(func.min(QuotaEvent.at)).where(QuotaEvent.kind.in_(list(EVENT_KINDS))))
+    """When the audit log starts (any kind of event: the install's first configuration, or earlier)."""
+    return session.scalar(select(func.min(QuotaEvent.at)))
 
 
 def rolled_until(*, session: Session) -> float | None:
@@ -135,14 +175,20 @@ def read_rollup(since: float, until: float, *, session: Session) -> Account:
 
 def delete_before(horizon: float, *, session: Session) -> tuple[int, int]:
     """Delete the jobs that ended before ``horizon`` and every event before it that no active or
-    later job needs; returns (jobs, events) deleted."""
+    later job needs, but the ``config_loaded`` event in force at the horizon (later days are charged
+    with it); returns (jobs, events) deleted."""
     ended = select(QuotaJob.id).where(
         QuotaJob.state.in_([JobState.FINISHED.value, JobState.FAILED.value]), QuotaJob.finished_at < horizon
     )
     kept = select(QuotaJob.id).where(QuotaJob.id.not_in(ended))
+    in_force = session.scalar(
+        select(QuotaEvent.id).where(QuotaEvent.kind == EventKind.CONFIG_LOADED.value, QuotaEvent.at < horizon)
+        .order_by(QuotaEvent.at.desc(), QuotaEvent.id.desc()).limit(1)
+    )
     events = session.execute(
         delete(QuotaEvent).where(
             QuotaEvent.at < horizon,
+            QuotaEvent.id != (in_force if in_force is not None else -1),
             or_(QuotaEvent.job_id.is_(None), QuotaEvent.job_id.not_in(kept)),
         ).execution_options(synchronize_session=False)
     ).rowcount

@@ -27,6 +27,11 @@ its running jobs in proportion to their GPUs: a quota above its capacity borrows
 its jobs alike, whichever started first. ``lent`` and ``idle`` belong to quotas, not to DAGs.
 
 Periods are cut at their boundaries: a hold across midnight counts in both days.
+
+Over time the quota file changes. :func:`account_history` charges each moment with the job queues
+in force then (a :class:`Config` each, from the moment it was loaded until the next), so a quota is
+charged capacity, and so idle GPU-seconds, only while a quota file in force has it: from when it
+first appeared, never before the first configuration (the install's start).
 """
 
 from __future__ import annotations
@@ -351,6 +356,57 @@ def _account_queue(queue: Queue, holds: Iterable[Hold], result: Account) -> None
             drawn = borrowed_total - common
             ratio = (drawn / supply if drawn < supply else 1.0) if drawn > 0 and supply > 0 else 0.0
     _add_lost(preempted, starts, until, result)
+
+
+class Config(NamedTuple):
+    """The job queues in force from ``at`` until the next configuration's ``at``."""
+
+    at: float
+    queues: Sequence[Queue]
+
+
+@collector_paused()
+def account_history(configs: Sequence[Config], holds: Iterable[Hold], periods: Sequence[tuple[float, float]]) -> Account:
+    """:func:`account` over ``periods`` with each moment charged by the configuration in force then.
+
+    ``configs`` are in time order; nothing is charged before the first (no quota existed). The
+    periods are split where the configuration changes, each part accounted with its job queues,
+    and the parts added back into their period: a quota present for part of a period is charged
+    capacity for that part only. Consecutive configurations with equal queues are one (a scheduler
+    restart reloads the same file), so the cost grows with the number of real changes.
+    """
+    periods = list(periods)
+    result = Account(periods, {}, {}, {})
+    if not periods:
+        return result
+    since, until = periods[0][0], periods[-1][1]
+    spans: list[tuple[float, float, Sequence[Queue]]] = []  # (start, end, queues), within the periods
+    for i, (at, queues) in enumerate(configs):
+        start, end = max(at, since), min(configs[i + 1].at if i + 1 < len(configs) else until, until)
+        if start >= end:
+            continue
+        if spans and spans[-1][1] == start and tuple(spans[-1][2]) == tuple(queues):
+            spans[-1] = (spans[-1][0], end, queues)
+        else:
+            spans.append((start, end, queues))
+    if len(spans) == 1 and spans[0][:2] == (since, until):  # one configuration throughout: no parts
+        return account(spans[0][2], holds, periods)
+    holds = list(holds)
+    for start, end, queues in spans:
+        overlapping = [(a, b) for a, b in periods if a < end and b > start]
+        pieces = [(max(a, start), min(b, end)) for a, b in overlapping]
+        period_of = {piece[0]: a for piece, (a, _) in zip(pieces, overlapping)}
+        inside = [h for h in holds if h.start < end and (h.end is None or h.end > start)]
+        part = account(queues, inside, pieces)
+        for (at, quota), figures in part.quotas.items():
+            result.quotas.setdefault((period_of[at], quota), Figures()).add(figures)
+        for (at, quota, dag_id), figures in part.dags.items():
+            result.dags.setdefault((period_of[at], quota, dag_id), Figures()).add(figures)
+        for (at, queue), pool in part.pools.items():
+            total = result.pools.setdefault((period_of[at], queue), PoolFigures())
+            total.capacity_s += pool.capacity_s
+            total.drawn += pool.drawn
+    return result
 
 
 class _Points(NamedTuple):

@@ -5,10 +5,19 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from airflow_quota_provider.models.job import JobState, QuotaEvent, QuotaJob
+from airflow_quota_provider.models.job import JobState, QuotaEvent, QuotaJob, record_config_loaded
 from airflow_quota_provider.policy import Queue, Quota, QuotaFile
 from airflow_quota_provider.policy.accounting import DAY_S
-from airflow_quota_provider.usage_report import UsageRequestError, db_clean, usage_report, usage_series
+from airflow_quota_provider.usage_report import (
+    MAX_DAYS,
+    UsageRequestError,
+    csv_cell,
+    db_clean,
+    parse_time,
+    usage_csv,
+    usage_report,
+    usage_series,
+)
 
 QUOTAS = QuotaFile((Queue("fleet", 10, (Quota("team-a", 4), Quota("team-b", 4))),))
 DAY0 = 100 * DAY_S
@@ -41,7 +50,8 @@ def history(session):
             ("finished", DAY0 + 5000), devices="0,1")
     running = _job(session, "still-running", "team-b", JobState.RUNNING)
     _events(session, running, ("admitted", DAY0 + 40000))
-    session.add(QuotaEvent(at=DAY0 + 10, kind="config_loaded", message="quotas.yaml"))
+    # Installed at DAY0, before the executor recorded its quotas on config_loaded: today's file applies.
+    session.add(QuotaEvent(at=DAY0, kind="config_loaded", message="quotas.yaml"))
     session.flush()
     return session
 
@@ -58,8 +68,9 @@ def test_roll_up_and_clean_keep_every_total_unchanged(history):
     day_two = _all(session, DAY0 + DAY_S, DAY0 + 2 * DAY_S)
     result = db_clean(QUOTAS, 1, session=session, now=DAY0 + 3 * DAY_S + 600)
     assert (result["days_rolled_up"], result["jobs_deleted"]) == (2, 2)
-    # Only the running job's events are left from before the horizon.
-    assert session.scalar(select(func.count()).select_from(QuotaEvent)) == 1
+    # Only the running job's event and the configuration in force are left from before the horizon.
+    left = session.scalars(select(QuotaEvent.kind).order_by(QuotaEvent.id)).all()
+    assert left == ["admitted", "config_loaded"]
     assert _all(session) == before
     assert _all(session, DAY0 + DAY_S, DAY0 + 2 * DAY_S) == day_two
     # Cleaning again rolls up nothing more and changes nothing.
@@ -133,8 +144,108 @@ def test_a_bound_inside_a_rolled_up_day_is_refused_naming_it(history):
     [
         pytest.param("team", DAY0, DAY0 + 1, "by", id="by names one of quota, dag, owner"),
         pytest.param("quota", DAY0, DAY0, "until", id="until must be after since"),
+        pytest.param("quota", DAY0 + 1, DAY0, "until", id="until before since"),
+        pytest.param("quota", 0, (MAX_DAYS + 1) * DAY_S, "until", id="a period over MAX_DAYS days"),
     ],
 )
 def test_bad_requests_name_the_field(session, by, since, until, field):
     with pytest.raises(UsageRequestError, match=f"^{field}: "):
         usage_report(QUOTAS, since, until, by=by, session=session)
+
+
+# ---------------------------------------------------------------------------------- history
+
+GROWN = QuotaFile((Queue("fleet", 10, (Quota("team-a", 8), Quota("team-b", 2))),))
+NOW = DAY0 + 5 * DAY_S
+
+
+def _loaded(session, quota_file: QuotaFile, at: float) -> None:
+    record_config_loaded(quota_file, "quotas.yaml", session=session).at = at
+    session.flush()
+
+
+def _quota_rows(session, since, until, quota_file=QUOTAS):
+    return {row["quota"]: row for row in usage_report(quota_file, since, until, session=session)}
+
+
+def test_a_fresh_install_reports_idle_hours_only_since_its_quotas_were_loaded(session):
+    """The scheduler started 3 minutes ago: a report from the epoch charges those 3 minutes."""
+    _loaded(session, QUOTAS, NOW - 180)
+    rows = _quota_rows(session, 0, NOW)
+    assert (rows["team-a"]["capacity_s"], rows["team-a"]["idle"]) == (4 * 180, 4 * 180)
+
+
+def test_an_install_older_than_its_config_events_is_charged_from_its_first_event(history):
+    rows = _quota_rows(history, 0, DAY0 + DAY_S)
+    assert rows["team-b"]["capacity_s"] == 4 * DAY_S  # from DAY0, not from the epoch
+
+
+def test_each_part_is_charged_with_the_quota_file_in_force_then_and_db_clean_keeps_it(session):
+    """team-a's capacity went from 4 to 8 GPUs mid-day 1 while a job held 6 of its GPUs; the file read
+    now (GROWN) does not rewrite the past, before db-clean or after it."""
+    _loaded(session, QUOTAS, DAY0)
+    _loaded(session, GROWN, DAY0 + 1.5 * DAY_S)
+    job = _job(session, "six-gpus-across-the-change", "team-a", JobState.FINISHED, DAY0 + 2 * DAY_S)
+    _events(session, job, ("admitted", DAY0 + DAY_S), ("released", DAY0 + 2 * DAY_S), ("finished", DAY0 + 2 * DAY_S),
+            devices="0,1,2,3,4,5")
+    half = DAY_S / 2
+    want = {"capacity_s": 4 * half + 8 * half, "used_within": 4 * half + 6 * half, "borrowed": 2 * half,
+            "idle": 8 * half - 6 * half, "lent": 0, "lost": 0}
+    day1 = _quota_rows(session, DAY0 + DAY_S, DAY0 + 2 * DAY_S, GROWN)["team-a"]
+    assert {k: day1[k] for k in want} == want
+    three_days = _quota_rows(session, DAY0, DAY0 + 3 * DAY_S, GROWN)
+    db_clean(GROWN, 1, session=session, now=DAY0 + 3 * DAY_S + 600)
+    day1 = _quota_rows(session, DAY0 + DAY_S, DAY0 + 2 * DAY_S, GROWN)["team-a"]
+    assert {k: day1[k] for k in want} == want
+    assert _quota_rows(session, DAY0, DAY0 + 3 * DAY_S, GROWN) == three_days
+    # Day 2 (not rolled up) is still charged with GROWN, the file in force since mid-day 1.
+    assert three_days["team-a"]["capacity_s"] == 4 * DAY_S + 4 * half + 8 * half + 8 * DAY_S
+
+
+# ---------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["nan", "NaN", "inf", "-inf", "infinity", "1e20", "-1", "253402300800", "0001-01-01T00:00:00+05:00",
+     "9999-12-31T23:59:59-05:00"],
+)
+def test_times_outside_1970_to_9999_are_refused_naming_the_field_and_range(value):
+    with pytest.raises(UsageRequestError, match=r"^until: .* is not a time from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z"):
+        parse_time(value, "until")
+
+
+@pytest.mark.parametrize("value", ["yesterday", "2026-13-01", "", "1e"])
+def test_a_time_that_is_neither_iso_nor_seconds_is_refused_naming_the_field(value):
+    with pytest.raises(UsageRequestError, match=r"^since: .* is not an ISO 8601 time"):
+        parse_time(value, "since")
+
+
+@pytest.mark.parametrize("days", [float("nan"), float("inf"), -1.0, 1e20])
+def test_db_clean_refuses_an_older_than_that_is_not_a_number_of_days(session, days):
+    with pytest.raises(UsageRequestError, match="^older-than: .* is not a number of days from 0 to 36500"):
+        db_clean(QUOTAS, days, session=session, now=NOW)
+
+
+@pytest.mark.parametrize(
+    ("cell", "want"),
+    [
+        pytest.param("=HYPERLINK(\"http://x\")", "'=HYPERLINK(\"http://x\")", id="equals"),
+        pytest.param("+1", "'+1", id="plus"),
+        pytest.param("-dag", "'-dag", id="minus"),
+        pytest.param("@SUM(A1)", "'@SUM(A1)", id="at"),
+        pytest.param("\tx", "'\tx", id="tab"),
+        pytest.param("\rx", "'\rx", id="carriage return"),
+        pytest.param("team=a", "team=a", id="only the first character counts"),
+        pytest.param(-3.5, -3.5, id="a number stays a number"),
+    ],
+)
+def test_csv_cells_that_a_spreadsheet_would_run_are_escaped(cell, want):
+    assert csv_cell(cell) == want
+
+
+def test_the_csv_escapes_an_owner_that_starts_like_a_formula(history):
+    rows = usage_report(QUOTAS, DAY0, DAY0 + DAY_S, by="owner", session=history,
+                        owners={"dag-borrower-across-midnight": "=cmd|' /C calc'!A0"})
+    text = usage_csv(rows, "owner")
+    assert "\n'=cmd|' /C calc'!A0," in text and "\n=cmd" not in text

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import yaml
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from airflow_quota_provider.models.base import quota_metadata
+from airflow_quota_provider.models.job import JobState, QuotaEvent, QuotaJob
 from airflow_quota_provider.plugins import services
 from airflow_quota_provider.policy import parse_quota_file
 from tests.plugins.seed import seed_into
@@ -37,3 +41,47 @@ def test_cohorts_show_their_subtrees_and_quotas_name_their_cohort(tmp_path):
     # the quota page draws team-a inside cohort ml's box, team-b in the queue's
     assert [(c.name, c.parent, c.capacity, c.in_use, c.lent) for c in page.cohorts] == [("ml", None, 6, 2, 1)]
     assert [(q.name, q.cohort) for q in page.quotas] == [("team-a", "ml"), ("team-b", None)]
+
+
+# ---------------------------------------------------------------------------------- usage: bad input, CSV
+
+def _session(tmp_path) -> Session:
+    engine = create_engine(f"sqlite:///{tmp_path / 'quota.db'}")
+    quota_metadata.create_all(engine)
+    return Session(engine)
+
+
+@pytest.mark.parametrize(
+    ("since", "until", "every", "field"),
+    [
+        pytest.param("nan", None, None, "since", id="since NaN"),
+        pytest.param("inf", None, None, "since", id="since infinity"),
+        pytest.param("0", "-inf", None, "until", id="until minus infinity"),
+        pytest.param("0", "1e20", None, "until", id="until past the year 9999"),
+        pytest.param("-86400", "0", None, "since", id="since before 1970"),
+        pytest.param("0", "1e9", None, "until", id="a range over ten years"),
+        pytest.param("100", "100", None, "until", id="a zero-length range"),
+        pytest.param("200", "100", None, "until", id="since after until"),
+        pytest.param("2026-02-30T00:00:00Z", None, None, "since", id="an ISO date that does not exist"),
+        pytest.param("0", "86400000", 60, "every", id="too many buckets"),
+    ],
+)
+def test_usage_refuses_bad_times_naming_the_field(tmp_path, since, until, every, field):
+    quota_file = parse_quota_file(yaml.safe_load(QUOTAS))
+    with _session(tmp_path) as session, pytest.raises(services.BadRequest, match=f"^{field}: "):
+        services.usage(quota_file, since, until, "quota", every, session=session)
+
+
+def test_the_usage_csv_escapes_a_dag_id_that_starts_like_a_formula(tmp_path):
+    quota_file = parse_quota_file(yaml.safe_load(QUOTAS))
+    now = time.time()
+    with _session(tmp_path) as session:
+        job = QuotaJob(dag_id="-2+3+cmd|' /C calc'!A0", run_id="r", task_id="t", quota="team-a", gpus=1,
+                       state=JobState.FINISHED.value, submitted_at=now - 600, finished_at=now - 60)
+        session.add(job)
+        session.flush()
+        for kind, at in (("admitted", now - 600), ("released", now - 60)):
+            session.add(QuotaEvent(at=at, kind=kind, job_id=job.id, dag_id=job.dag_id, quota="team-a", devices="0"))
+        session.flush()
+        text = services.usage_csv(quota_file, str(now - 3600), str(now), "dag", session=session)
+    assert text.splitlines()[1].startswith("'-2+3+cmd|' /C calc'!A0,"), text

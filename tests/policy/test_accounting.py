@@ -8,9 +8,11 @@ from hypothesis import given, settings, strategies as st
 from airflow_quota_provider.policy import Cohort, Queue, Quota
 from airflow_quota_provider.policy.accounting import (
     DAY_S,
+    Config,
     Event,
     Hold,
     account,
+    account_history,
     holds_from_events,
     period_cuts,
     totals,
@@ -173,6 +175,52 @@ def test_until_must_be_after_since():
 
 
 # --------------------------------------------------------------------------------------------------
+# History: each moment charged with the quota file in force then.
+
+GROWN = Queue("fleet", 10, (Quota("team-a", 8), Quota("team-b", 2)))  # team-a's capacity raised from 4 to 8
+
+
+def history_figures(configs, holds, periods):
+    result = account_history(configs, holds, periods)
+    return {key: {k: round(v, 6) for k, v in f.as_dict().items()} for key, f in result.quotas.items()}
+
+
+def test_a_fresh_install_is_charged_idle_only_since_its_first_configuration():
+    """Installed at 1000 s, reported from the epoch to 180 s later: 180 s of idle capacity, not 1180 s."""
+    got = history_figures([Config(1000, [FLAT])], [], period_cuts(0, 1180))
+    assert got[(0, "team-a")] == {"capacity_s": 4 * 180, "used_within": 0, "borrowed": 0, "lent": 0,
+                                  "idle": 4 * 180, "lost": 0}
+    assert account_history([Config(1000, [FLAT])], [], period_cuts(0, 1000)).quotas == {}
+
+
+def test_each_part_of_a_period_is_charged_with_the_capacity_then_in_force():
+    """team-a holds 6 GPUs throughout; at 500 s its capacity goes from 4 to 8: 4 within and 2 borrowed
+    before, 6 within after, and capacity (so idle) 4 then 8, all inside the period from 400 to 800 s."""
+    holds = [hold("1", "team-a", 6, 0, 1000)]
+    got = history_figures([Config(0, [FLAT]), Config(500, [GROWN])], holds, period_cuts(0, 1000, 400))
+    assert got[(400, "team-a")] == {"capacity_s": 4 * 100 + 8 * 300, "used_within": 4 * 100 + 6 * 300,
+                                    "borrowed": 2 * 100, "lent": 0, "idle": 2 * 300, "lost": 0}
+    assert got[(0, "team-a")]["capacity_s"] == 4 * 400 and got[(800, "team-a")]["capacity_s"] == 8 * 200
+    # team-b lent 2 of its 4 to team-a before the change; after it, it has 2 and lends none.
+    assert got[(400, "team-b")] == {"capacity_s": 4 * 100 + 2 * 300, "used_within": 0, "borrowed": 0,
+                                    "lent": 0 * 100, "idle": 4 * 100 + 2 * 300, "lost": 0}
+
+
+def test_a_quota_is_charged_only_while_a_quota_file_in_force_has_it():
+    solo = Queue("fleet", 10, (Quota("team-a", 4),))
+    got = history_figures([Config(0, [solo]), Config(300, [FLAT]), Config(700, [solo])], [], period_cuts(0, 1000))
+    assert (got[(0, "team-a")]["capacity_s"], got[(0, "team-b")]["capacity_s"]) == (4 * 1000, 4 * 400)
+
+
+def test_a_reload_of_the_same_file_charges_what_one_configuration_does():
+    holds = [hold("1", "team-a", 6, 100, 900, preempted=True), hold("2", "team-b", 3, 50)]
+    periods = period_cuts(0, 1000, 300)
+    once = account([FLAT], holds, periods)
+    again = account_history([Config(0, [FLAT]), Config(450, [FLAT]), Config(451, [FLAT])], holds, periods)
+    assert (again.quotas, again.dags, again.pools) == (once.quotas, once.dags, once.pools)
+
+
+# --------------------------------------------------------------------------------------------------
 # Conservation, against a reference that applies the definitions second by second.
 
 QUEUES = [
@@ -259,3 +307,29 @@ def test_conservation_and_the_definitions_hold_for_every_quota_and_period(scenar
             dags = [f for (p, quota, _), f in result.dags.items() if p == period[0] and quota == q.name]
             for kind in ("used_within", "borrowed", "lost"):
                 assert sum(getattr(f, kind) for f in dags) == pytest.approx(getattr(result.quotas[(period[0], q.name)], kind))
+
+
+@settings(max_examples=100, deadline=None)
+@given(scenarios(), st.sampled_from(QUEUES[1:]), st.integers(0, 40), st.integers(0, 40))
+def test_every_part_of_a_history_matches_the_reference_with_the_file_then_in_force(scenario, later, start, change):
+    """From ``start`` one queue, from ``change`` another of the same quotas: each period's figures are
+    the reference's over each part with its own queue, and nothing before ``start``."""
+    queue, holds, periods = scenario
+    if queue is FLAT:  # other quota names than the later queue's
+        queue = QUEUES[1]
+        holds = [h._replace(quota={"team-a": "a", "team-b": "b"}[h.quota]) for h in holds]
+    start, change = min(start, change), max(start, change)
+    result = account_history([Config(start, [queue]), Config(change, [later])], holds, periods)
+    for period in periods:
+        parts = [(q, (max(period[0], lo), min(period[1], hi))) for q, lo, hi in ((queue, start, change), (later, change, 40))]
+        parts = [(q, span) for q, span in parts if span[0] < span[1]]
+        for name in ("a", "b", "c"):
+            got = result.quotas.get((period[0], name))
+            if not parts:
+                assert got is None
+                continue
+            for kind in ("used_within", "borrowed", "lent", "idle", "lost"):
+                want = sum(reference(q, holds, span)[0][name][kind] for q, span in parts)
+                assert getattr(got, kind) == pytest.approx(want), (name, kind)
+            capacity = sum(q.quota(name).capacity * (span[1] - span[0]) for q, span in parts)
+            assert got.capacity_s == pytest.approx(capacity)
