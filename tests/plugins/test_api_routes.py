@@ -274,7 +274,7 @@ def test_bad_usage_requests_name_the_field(server, jobs, query, field):
 
 def test_the_usage_cli_names_a_bad_field_without_a_traceback(server):
     result = server.instance.airflow("quota", "usage", "--since", "yesterday", check=False)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "Error: since: 'yesterday' is not an ISO 8601 time" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
 
