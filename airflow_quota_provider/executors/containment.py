@@ -2,19 +2,36 @@
 
 A task's command may start processes in sessions of their own (``setsid``) that ignore SIGTERM; a
 signal to the task's process group does not reach them, and once their parents are gone they are
-re-parented away from the task. Two ways to keep hold of them, both used by the launchers:
+re-parented away from the task. The launchers keep hold of them in layers, each covering what the
+one before cannot:
 
+- **A guard per launch.** The launcher forks a small *guard* (in a session of its own, a child
+  subreaper), and the guard forks the Airflow task supervisor (a subreaper too, and dead with its
+  guard: ``PR_SET_PDEATHSIG``). Whatever the task leaves behind is re-parented to the supervisor,
+  or, once the supervisor itself was killed (say by the OOM killer), to the guard, never to init.
+  The guard ends what is left (:func:`end_descendants`: SIGTERM, a grace period, SIGKILL) before it
+  exits, so the guard's exit means the whole launch is gone: the GPUs are held until then.
 - **A cgroup v2 per launch** (:class:`JobCgroup`), where the kernel lets this process create one
-  below its own cgroup (root, or a delegated subtree): the launched process enters it before it
-  starts anything, every descendant inherits it and none can leave it unprivileged. The cgroup
-  says whether anything of the job still lives (``cgroup.events``: ``populated``) even after the
-  supervisor itself was killed, and ``cgroup.kill`` ends all of it at once.
-- **The subreaper** (:func:`become_subreaper`), always: orphans of the job are re-parented to the
-  launched process instead of init, so they stay its descendants. When the task is done, the
-  launched process ends what is left (:func:`end_descendants`: SIGTERM, a grace period, SIGKILL)
-  before it exits, so that its own exit means the whole tree is gone. Without a cgroup, a
-  supervisor killed from outside loses its orphans to init; :func:`kill_tree` stops the whole tree
-  before killing it, so that nothing forks away while it is being killed.
+  below its own cgroup (root, or a delegated subtree): the guard enters it before it starts
+  anything, every descendant inherits it and none can leave it unprivileged. The cgroup says
+  whether anything of the job still lives (``cgroup.events``: ``populated``) even after the guard
+  was killed, and ``cgroup.kill`` ends all of it at once.
+- **Tied to the GPU host** (the Celery launcher): the guard watches its parent, the worker's pool
+  process (:func:`watch_parent`: a pidfd, polling where there is none). The guard is outside the
+  worker's process group, so a ``kill -9 -PGID`` of the worker, a crash or the OOM killer take the
+  worker and its pool processes (Celery gives those ``PR_SET_PDEATHSIG``), and the guard, the one
+  survivor, kills its cgroup or its stopped tree and exits: nothing of a launch outlives its
+  worker. A pidfd, unlike ``PR_SET_PDEATHSIG`` on the task's processes, is neither fired by the
+  exit of the thread that forked nor lost across ``exec`` of a set-user-ID program, and reaches
+  grandchildren that ``PR_SET_PDEATHSIG`` (direct children only) cannot.
+- **Proof before a host's GPUs return**: a host whose worker starts again, or that was lost and
+  heartbeats again, first ends every launch recorded in its job directories (the guard's pid and
+  start time, its cgroup) and waits until none lives (:meth:`LocalLauncher.end_leftovers`); only
+  then is it active again. A guard SIGKILLed without a cgroup loses its tree to init: that is what
+  the cgroup is for.
+
+The process tree is read from every thread's ``children`` list: a child forked by a thread other
+than the main one is listed under that thread only.
 """
 
 from __future__ import annotations
@@ -24,14 +41,20 @@ import ctypes
 import errno
 import logging
 import os
+import select
 import signal
+import threading
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PARENT_POLL_S = 0.2
+"""How often a guard without a pidfd looks whether its parent is still there."""
 LEFTOVER_GRACE_S = 5.0
 """What a process the task left behind gets between SIGTERM and SIGKILL once the task is done (as
 Airflow's supervisor gives its task)."""
@@ -53,12 +76,21 @@ def stat_field(pid: int | str, index: int) -> str | None:
 
 
 def children(pid: int | str) -> list[str] | None:
-    """The pids of ``pid``'s children; None where the kernel does not list them."""
+    """The pids of ``pid``'s children, whichever of its threads forked them (each thread lists its
+    own); None where the kernel does not list them."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return f.read().split()
+        threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
+    found, listed = [], False
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/children") as f:
+                found.extend(f.read().split())
+            listed = True
+        except OSError:
+            continue  # the thread has just exited
+    return found if listed else None
 
 
 def descendants(pid: int) -> list[int]:
@@ -105,6 +137,37 @@ def become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # not Linux: the process tree is then only what /proc still links to this process
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``, Linux); exits at once if the
+    parent is already gone. For a process forked by its parent's main thread: the signal fires when
+    the forking *thread* exits."""
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def watch_parent(parent: int, on_death: Callable[[], None]) -> None:
+    """Call ``on_death`` in a thread of its own once this process's parent ``parent`` has exited."""
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(parent)
+        except (OSError, AttributeError):
+            fd = None  # gone already, or Linux < 5.3: poll below
+        if fd is not None and os.getppid() == parent:  # still ours: the pidfd is not a reused pid's
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            while not poller.poll():
+                pass
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        on_death()
+
+    threading.Thread(target=watch, name="quota-watch-parent", daemon=True).start()
 
 
 def reap_children() -> None:

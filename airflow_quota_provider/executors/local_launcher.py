@@ -1,24 +1,28 @@
 """Local GPU launcher: one forked process per admitted task, on the scheduler's own machine.
 
-Each task runs in its own session (``setsid``) so that it outlives a scheduler that dies: a restarted
-scheduler re-adopts it from the job's files. The launcher writes ``pid`` when it forks the child,
-and the child writes ``exit-PID`` when the Airflow task supervisor returns; a process that vanishes
-without its exit file was killed.
+Each launch runs in its own session (``setsid``) so that it outlives a scheduler that dies: a
+restarted scheduler re-adopts it from the job's files. The forked child is the launch's *guard*
+(:mod:`.containment`); it forks the Airflow task supervisor, and the task runs in the supervisor's
+own child process. The launcher writes ``pid`` (the guard's) when it forks, the guard writes
+``supervisor-PID`` once it has forked the supervisor and ``exit-PID`` (the supervisor's exit code,
+null when it was killed) once nothing of the launch is left; a guard that vanishes without its exit
+file was killed.
 
-The forked child is the Airflow task supervisor, and the task runs in the supervisor's own child
-process. The supervisor may notice that child's exit up to ``[workers] min_heartbeat_interval``
+The supervisor The supervisor may notice that child's exit up to ``[workers] min_heartbeat_interval``
 (5 s) late: when the task's sockets reach EOF a moment before the kernel reports its exit, it
 sleeps a full heartbeat interval before looking again. :meth:`LocalLauncher.task_exited` sees the
 exit at once, so that the GPUs are not held idle meanwhile.
 
-Every process a job starts is contained (:mod:`.containment`): the forked child enters a cgroup of
-its own where the kernel allows it (``[quota] process_cgroups``), and is a child subreaper in any
-case, so that processes the task started (a training command in a session of its own, say) stay
-its descendants after the task exits. When the task is done the child ends what is left (SIGTERM,
-then SIGKILL) before it exits, and the launcher reports a launch as running while anything of it
-lives (its cgroup is populated, or its supervisor runs): the GPUs are free only when all are gone.
-The exit file is written atomically, and the supervisor's exit status stands in for it when the job
-directory was deleted under a running task.
+Every process a job starts is contained (:mod:`.containment`): the guard enters a cgroup of its
+own where the kernel allows it (``[quota] process_cgroups``); guard and supervisor are child
+subreapers in any case, so that processes the task started (a training command in a session of its
+own, say) stay their descendants after the task, or even the supervisor, was gone. When the task is
+done the supervisor ends what is left (SIGTERM, then SIGKILL), and the guard again once the
+supervisor is gone, before it exits; the launcher reports a launch as running while anything of it
+lives (its cgroup is populated, or its guard runs): the GPUs are free only when all are gone. The
+exit file is written atomically, and the guard's exit status stands in for it when the job
+directory was deleted under a running task. A launch started ``tied_to_parent`` (a GPU host's) ends
+with the process that started it (:func:`.containment.watch_parent`).
 """
 
 from __future__ import annotations
@@ -39,10 +43,13 @@ from airflow_quota_provider.executors.containment import (
     JobCgroup,
     become_subreaper,
     children as _children,
+    die_with_parent,
     end_descendants,
     kill_tree,
     remove_empty_cgroups,
+    reap_children,
     stat_field as _stat_field,
+    watch_parent,
 )
 from airflow_quota_provider.executors.launcher import HostDevices, Liveness, Status
 
@@ -55,7 +62,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PID_FILE = "pid"
-EXIT_FILE = "exit-{pid}"  # one per launch: a supervisor still finishing never writes a newer launch's
+EXIT_FILE = "exit-{pid}"  # one per launch: a guard still finishing never writes a newer launch's
+SUPERVISOR_FILE = "supervisor-{pid}"
+LEFTOVER_WAIT_S = 60.0
+"""How long :meth:`LocalLauncher.end_leftovers` waits for killed launches to be gone."""
 PREEMPT_FILE = "preempt.json"
 UNKNOWN = -2
 """Exit status of a child whose status could not be collected."""
@@ -102,6 +112,8 @@ class LocalLauncher:
         """Cgroups of forgotten launches whose supervisor was still finishing: removed once empty."""
         self._lingering: set[int] = set()
         """Forgotten children still finishing (see :meth:`task_exited`); reaped when they exit."""
+        self._supervisors: dict[int, int] = {}
+        """Guard pid -> the pid of the task supervisor it forked."""
 
     def job_dir(self, job_id: int) -> Path:
         return self.state_dir / "jobs" / str(job_id)
@@ -144,7 +156,9 @@ class LocalLauncher:
                 if cgroup is not None:
                     cgroup.remove()
                 out[handle] = Status(Liveness.ENDED, self.exit_info(job_id, pid).rc)
-            elif not self.task_exited(pid):
+            elif (supervisor := self.supervisor(job_id, pid)) is None:
+                out[handle] = Status(Liveness.RUNNING)  # the guard has not forked it yet
+            elif not self.task_exited(supervisor):
                 self._task_seen.add(pid)
                 out[handle] = Status(Liveness.RUNNING)
             else:
@@ -170,11 +184,12 @@ class LocalLauncher:
 
     def fork(self, job_id: int, workload: ExecuteTask, env: dict[str, str]) -> int:
         """Fork a child that runs the Airflow task supervisor for ``workload`` with ``env`` set."""
-        return self.start(job_id, lambda: _run_workload(workload), env)
+        return self.start(job_id, lambda: supervise_workload(workload), env)
 
-    def start(self, job_id: int, run: Callable[[], int], env: dict[str, str]) -> int:
-        """Fork a contained child that calls ``run`` (the task supervisor) with ``env`` set, ends
-        what ``run`` left behind, and records ``run``'s exit code; returns the child's pid."""
+    def start(self, job_id: int, run: Callable[[], int], env: dict[str, str], *, tied_to_parent: bool = False) -> int:
+        """Fork a contained guard that forks a child calling ``run`` (the task supervisor) with
+        ``env`` set, ends what is left behind, and records ``run``'s exit code; returns the guard's
+        pid. ``tied_to_parent``: the whole launch is killed when this process dies."""
         job_dir = self.job_dir(job_id)
         job_dir.mkdir(parents=True, exist_ok=True)
         for path in (job_dir / PID_FILE, job_dir / PREEMPT_FILE, *job_dir.glob(EXIT_FILE.format(pid="*"))):
@@ -185,10 +200,11 @@ class LocalLauncher:
         # Like LocalExecutor: freeze the GC across the fork so that the child's collections do not
         # touch (and copy) every page of the scheduler's heap.
         gc.freeze()
+        me = os.getpid()
         try:
             pid = os.fork()
             if pid == 0:  # pragma: no cover - runs in the child
-                _child_main(run, job_dir, env, cgroup)
+                _guard_main(run, job_dir, env, cgroup, parent=me if tied_to_parent else None)
         finally:
             gc.unfreeze()
         self._children[pid] = -1
@@ -211,6 +227,47 @@ class LocalLauncher:
             return None
         self._cgroups[pid] = JobCgroup(Path(recorded["cgroup"]))
         return self._cgroups[pid]
+
+    def supervisor(self, job_id: int, pid: int) -> int | None:
+        """The task supervisor that the guard ``pid`` forked, once it has."""
+        if pid not in self._supervisors:
+            try:
+                self._supervisors[pid] = int((self.job_dir(job_id) / SUPERVISOR_FILE.format(pid=pid)).read_text())
+            except (OSError, ValueError):
+                return None
+        return self._supervisors[pid]
+
+    def running(self, job_id: int) -> bool:
+        """Whether anything of the launch last recorded for ``job_id`` lives: its guard (the same
+        process: pid and start time), or a process in its cgroup."""
+        try:
+            recorded = json.loads((self.job_dir(job_id) / PID_FILE).read_text())
+        except (OSError, ValueError):
+            return False
+        if recorded.get("cgroup") and JobCgroup(Path(recorded["cgroup"])).populated():
+            return True
+        pid = recorded.get("pid")
+        return _stat_field(pid, 0) not in (None, "Z") and _proc_start_time(pid) == recorded.get("start")
+
+    def end_leftovers(self, *, timeout_s: float = LEFTOVER_WAIT_S) -> list[int]:
+        """Kill every launch recorded in this launcher's job directories that still lives, and
+        return their job ids once none lives (a GPU host's proof, before its GPUs are handed out
+        again, that none of the launches the scheduler gave up still runs). Raises TimeoutError
+        naming the jobs when they are not gone within ``timeout_s``."""
+        left = [int(path.parent.name) for path in (self.state_dir / "jobs").glob(f"*/{PID_FILE}")
+                if path.parent.name.isdigit() and self.running(int(path.parent.name))]
+        for job_id in left:
+            recorded = json.loads((self.job_dir(job_id) / PID_FILE).read_text())
+            log.warning("Launch of job %s (guard pid %s) still runs: ending it", job_id, recorded["pid"])
+            self.kill_job(job_id, int(recorded["pid"]))
+        deadline = time.monotonic() + timeout_s
+        while alive := [job_id for job_id in left if self.running(job_id)]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"launches of jobs {alive} still run {timeout_s:g} s after SIGKILL")
+            self.reap()
+            reap_children()
+            time.sleep(0.05)
+        return left
 
     def kill_job(self, job_id: int, pid: int) -> None:
         """SIGKILL everything the launch started: its whole cgroup, or its stopped process tree."""
@@ -273,7 +330,8 @@ class LocalLauncher:
         file is missing (its job directory was deleted), from its exit status; None when killed."""
         path = self.job_dir(job_id) / EXIT_FILE.format(pid=pid)
         try:
-            return ExitInfo(rc=int(json.loads(path.read_text())["rc"]))
+            rc = json.loads(path.read_text())["rc"]
+            return ExitInfo(rc=None if rc is None else int(rc))
         except (OSError, ValueError, KeyError, TypeError):
             pass
         status = self._children.get(pid, UNKNOWN)
@@ -282,6 +340,7 @@ class LocalLauncher:
     def forget_pid(self, pid: int | None) -> None:
         """Stop tracking ``pid``; one of our children that still runs is reaped when it exits."""
         self._task_seen.discard(pid)
+        self._supervisors.pop(pid, None)
         if pid is not None and self._children.pop(pid, None) == -1:
             self._lingering.add(pid)
 
@@ -305,7 +364,7 @@ def _parse(handle: str) -> tuple[int, int]:
     return int(job_id), int(pid)
 
 
-def _run_workload(workload: ExecuteTask) -> int:  # pragma: no cover - runs in the child
+def supervise_workload(workload: ExecuteTask) -> int:  # pragma: no cover - runs in the child
     from airflow.executors.base_executor import BaseExecutor
 
     rc = BaseExecutor.run_workload(
@@ -318,12 +377,15 @@ def _run_workload(workload: ExecuteTask) -> int:  # pragma: no cover - runs in t
     return int(rc or 0)
 
 
-def _child_main(run: Callable[[], int], job_dir: Path, env: dict[str, str], cgroup: JobCgroup | None) -> None:  # pragma: no cover
-    rc = 1
+def _guard_main(  # pragma: no cover - runs in the forked guard
+    run: Callable[[], int], job_dir: Path, env: dict[str, str], cgroup: JobCgroup | None, *, parent: int | None
+) -> None:
+    """The launch's guard: forks the supervisor, outlives it, ends what it left, records its exit."""
+    rc = None
     try:
         if cgroup is not None:
             cgroup.add(os.getpid())  # before anything is started: every descendant inherits it
-        os.setsid()
+        os.setsid()  # out of the launcher's process group: a signal to that group does not reach it
         become_subreaper()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
@@ -335,6 +397,32 @@ def _child_main(run: Callable[[], int], job_dir: Path, env: dict[str, str], cgro
         except Exception:
             pass
         os.environ.update(env)
+        if parent is not None:
+            watch_parent(parent, lambda: _end_now(cgroup))
+        supervisor = os.fork()
+        if supervisor == 0:
+            _supervisor_main(run)
+        _write_atomically(job_dir / SUPERVISOR_FILE.format(pid=os.getpid()), str(supervisor))
+        rc = os.waitstatus_to_exitcode(os.waitpid(supervisor, 0)[1])
+        rc = rc if rc >= 0 else None  # killed by a signal
+    except BaseException:
+        logging.getLogger(__name__).exception("Task guard failed")
+    finally:
+        try:
+            end_descendants()  # what a killed supervisor left is ours now: nothing outlives the guard
+        except BaseException:
+            logging.getLogger(__name__).exception("Could not end what the task left behind")
+        try:
+            _write_atomically(job_dir / EXIT_FILE.format(pid=os.getpid()), json.dumps({"rc": rc}))
+        finally:
+            os._exit(rc if rc is not None and 0 <= rc < 256 else 1)
+
+
+def _supervisor_main(run: Callable[[], int]) -> None:  # pragma: no cover - runs in the forked supervisor
+    rc = 1
+    try:
+        die_with_parent()  # a killed guard takes the supervisor with it
+        become_subreaper()
         rc = run()
     except BaseException:
         logging.getLogger(__name__).exception("Task supervisor failed")
@@ -344,7 +432,13 @@ def _child_main(run: Callable[[], int], job_dir: Path, env: dict[str, str], cgro
             end_descendants()  # nothing the task started outlives this process
         except BaseException:
             logging.getLogger(__name__).exception("Could not end what the task left behind")
-        try:
-            _write_atomically(job_dir / EXIT_FILE.format(pid=os.getpid()), json.dumps({"rc": rc}))
         finally:
             os._exit(rc if 0 <= rc < 256 else 1)
+
+
+def _end_now(cgroup: JobCgroup | None) -> None:  # pragma: no cover - runs in the guard
+    """The process that started the launch is gone: kill all of it at once, guard included."""
+    if cgroup is not None:
+        cgroup.kill()
+    kill_tree(os.getpid(), include_root=False)
+    os._exit(1)

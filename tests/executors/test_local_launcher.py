@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from airflow_quota_provider.executors.config import QuotaConfigError, discover_devices, load_config
-from airflow_quota_provider.executors.containment import LEFTOVER_GRACE_S, JobCgroup
+from airflow_quota_provider.executors.containment import LEFTOVER_GRACE_S, JobCgroup, descendants
 from airflow_quota_provider.executors.launcher import Liveness
 from airflow_quota_provider.executors.local_launcher import LocalLauncher, kill_tree
 
@@ -160,9 +161,17 @@ ESCAPES_AND_IGNORES_SIGTERM = (
 )
 
 
-def _escape(pidfile: Path) -> int:
-    """The task: starts a child in a session of its own that ignores SIGTERM, and returns 0 at once."""
-    subprocess.Popen(["sh", "-c", ESCAPES_AND_IGNORES_SIGTERM.format(pidfile=pidfile)], start_new_session=True)
+def _escape(pidfile: Path, *, from_thread: bool = False) -> int:
+    """The task: starts a child in a session of its own that ignores SIGTERM, and returns 0 at once.
+    ``from_thread``: a thread other than the main one forks it, and lives on (the child is listed
+    under that thread only)."""
+    start = lambda: subprocess.Popen(  # noqa: E731
+        ["sh", "-c", ESCAPES_AND_IGNORES_SIGTERM.format(pidfile=pidfile)], start_new_session=True
+    )
+    if from_thread:
+        threading.Thread(target=lambda: start() and time.sleep(600), daemon=True).start()
+    else:
+        start()
     deadline = time.monotonic() + 10
     while not (pidfile.exists() and pidfile.read_text().strip()):
         if time.monotonic() > deadline:
@@ -238,9 +247,9 @@ def test_kill_ends_a_process_that_escaped_into_its_own_session(tmp_path, cgroups
     assert not _devices_free_while_escaped_alive(seen) and status.rc is None
 
 
-def test_with_a_cgroup_a_killed_supervisor_does_not_lose_what_it_started(tmp_path):
-    """The supervisor dies from outside (say the OOM killer): its orphans go to init, out of its
-    process tree, but not out of its cgroup; the launch is running until they are gone."""
+def test_with_a_cgroup_a_killed_guard_does_not_lose_what_it_started(tmp_path):
+    """The launch's guard dies from outside: its orphans go to init, out of its process tree, but
+    not out of its cgroup; the launch is running until they are gone."""
     _needs(True)
     launcher = LocalLauncher(tmp_path, cgroups=True)
     escaped = tmp_path / "escaped.pid"
@@ -262,7 +271,8 @@ def test_a_job_directory_deleted_under_a_running_task_does_not_make_its_success_
     pid = launcher.start(1, task, {})
     _wait_until(lambda: launcher.status({f"1:{pid}": 1}, session=None)[f"1:{pid}"].liveness == Liveness.ENDED, "the end")
     assert launcher.exit_info(1, pid).rc == 0
-    assert [p.name for p in launcher.job_dir(1).iterdir()] == [f"exit-{pid}"]  # written whole, no temporary left
+    names = [p.name for p in launcher.job_dir(1).iterdir()]
+    assert f"exit-{pid}" in names and not [n for n in names if n.startswith(".")]  # written whole, no temporary left
 
 
 def test_the_cgroup_of_a_launch_forgotten_while_its_supervisor_finishes_is_removed_once_empty(tmp_path):
@@ -287,21 +297,105 @@ def test_empty_launch_cgroups_left_by_a_stopped_scheduler_are_removed_when_old(t
 def test_a_task_seen_running_then_gone_frees_its_launch_before_its_supervisor_exits(tmp_path):
     """TASK_EXITED only once the launcher has seen the task run (a supervisor whose task has not
     started yet looks the same): then the executor may free a preempted job's GPUs at once."""
-    gate = tmp_path / "go"
-    supervisor = _supervisor(
-        f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\ntime.sleep(0.5)"
+    gate, task_pid = tmp_path / "go", tmp_path / "task.pid"
+    task_code = (
+        f"import os, time\nopen({str(task_pid)!r}, 'w').write(str(os.getpid()))\n"
+        f"while not os.path.exists({str(gate)!r}): time.sleep(0.05)\ntime.sleep(0.5)"
     )
+
+    def supervise() -> int:
+        subprocess.Popen([sys.executable, "-c", task_code]).wait()
+        time.sleep(60)  # lingers, as Airflow's supervisor may
+        return 0
+
     launcher = LocalLauncher(tmp_path, cgroups=False)
-    handle = f"7:{supervisor.pid}"
+    pid = launcher.start(7, supervise, {})
+    handle = f"7:{pid}"
     try:
-        task = int(supervisor.stdout.readline())
+        _wait_until(lambda: task_pid.exists() and task_pid.read_text(), "the task to start")
         assert launcher.status({handle: 7}, session=None)[handle].liveness == Liveness.RUNNING
         gate.touch()
-        _wait_until(lambda: _state(task) == "Z", "the task process to exit")
-        assert supervisor.poll() is None, "the supervisor lingers"
+        _wait_until(lambda: not _alive(int(task_pid.read_text())), "the task process to exit")
+        assert _alive(launcher.supervisor(7, pid)), "the supervisor lingers"
         assert launcher.status({handle: 7}, session=None)[handle].liveness == Liveness.TASK_EXITED
         fresh = LocalLauncher(tmp_path, cgroups=False)  # never saw the task: cannot tell it from one not started
         assert fresh.status({handle: 7}, session=None)[handle].liveness == Liveness.RUNNING
     finally:
-        supervisor.kill()
-        supervisor.wait()
+        launcher.kill(handle, session=None)
+        _wait_until(lambda: launcher.status({handle: 7}, session=None)[handle].liveness == Liveness.ENDED, "the kill")
+
+
+@pytest.mark.parametrize("cgroups", CONTAINMENT)
+def test_a_killed_supervisor_holds_the_gpus_until_what_it_left_is_gone(tmp_path, cgroups):
+    """The task supervisor dies from outside (say the OOM killer) while a process its task started
+    in a session of its own runs on: the launch is running until that process is gone too."""
+    _needs(cgroups)
+    launcher = LocalLauncher(tmp_path, cgroups=cgroups)
+    escaped, supervisor = tmp_path / "escaped.pid", tmp_path / "supervisor.pid"
+
+    def run() -> int:
+        supervisor.write_text(str(os.getpid()))
+        return _escape(escaped) or time.sleep(600) or 0
+
+    pid = launcher.start(1, run, {})
+    _wait_until(lambda: _escaped_alive(escaped) and supervisor.exists(), "the escape")
+    os.kill(int(supervisor.read_text()), signal.SIGKILL)
+    status, _, seen = _watch_until_ended(launcher, f"1:{pid}", escaped)
+    assert ("running", True) in seen, "the escaped process ran on after its supervisor was killed"
+    assert not _devices_free_while_escaped_alive(seen), "the GPUs would be freed while the escaped process runs"
+    assert not _escaped_alive(escaped) and status.rc is None
+
+
+def test_a_child_forked_by_a_thread_other_than_the_main_one_is_part_of_the_tree(tmp_path):
+    escaped = tmp_path / "escaped.pid"
+    code = (
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from pathlib import Path\n"
+        "from test_local_launcher import _escape\n"
+        f"_escape(Path({str(escaped)!r}), from_thread=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        _wait_until(lambda: _escaped_alive(escaped), "the escape")
+        assert int(escaped.read_text()) in descendants(proc.pid)
+        kill_tree(proc.pid)
+        proc.wait(timeout=20)
+        _wait_until(lambda: not _escaped_alive(escaped), "the thread-forked child to die with the tree")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_kill_reaches_a_child_that_a_task_thread_forked(tmp_path):
+    launcher = LocalLauncher(tmp_path, cgroups=False)  # the tree alone: a cgroup would catch it anyway
+    escaped = tmp_path / "escaped.pid"
+    pid = launcher.start(1, lambda: _escape(escaped, from_thread=True) or time.sleep(600) or 0, {})
+    _wait_until(lambda: _escaped_alive(escaped), "the escape")
+    launcher.kill(f"1:{pid}", session=None)
+    status, _, seen = _watch_until_ended(launcher, f"1:{pid}", escaped)
+    assert not _devices_free_while_escaped_alive(seen) and status.rc is None
+    assert not _escaped_alive(escaped)
+
+
+@pytest.mark.parametrize("cgroups", CONTAINMENT)
+def test_a_restarted_worker_ends_the_launches_an_earlier_one_left_running(tmp_path, cgroups):
+    """What a host proves before its GPUs are handed out again: every launch recorded in its job
+    directories that still runs is killed, and seen gone; launches that ended are left alone.
+    With a cgroup, even a launch whose guard was killed is found by its cgroup."""
+    _needs(cgroups)
+    earlier = LocalLauncher(tmp_path, cgroups=cgroups)
+    escaped = tmp_path / "escaped.pid"
+    done = earlier.start(1, lambda: 0, {})
+    _wait_until(lambda: earlier.status({f"1:{done}": 1}, session=None)[f"1:{done}"].liveness == Liveness.ENDED, "job 1")
+    pid = earlier.start(2, lambda: _escape(escaped) or time.sleep(600) or 0, {})
+    _wait_until(lambda: _escaped_alive(escaped), "the escape")
+    if cgroups:
+        os.kill(pid, signal.SIGKILL)  # the guard is gone; its cgroup still holds the escaped process
+    restarted = LocalLauncher(tmp_path, cgroups=cgroups)
+    assert restarted.running(2) and not restarted.running(1)
+    assert restarted.end_leftovers() == [2]
+    assert not _escaped_alive(escaped) and not restarted.running(2)
+    assert restarted.end_leftovers() == []
+    earlier.reap()
