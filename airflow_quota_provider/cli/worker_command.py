@@ -3,6 +3,11 @@
 It registers the host (name, job queue, GPU indexes) in ``quota_host``, heartbeats every
 ``[quota] host_heartbeat_s``, and runs ``airflow celery worker`` on the host's own Celery queue with
 the quota task and its remote-control commands loaded (:mod:`airflow_quota_provider.executors.celery_worker`).
+
+Every launch dies with the worker (:mod:`airflow_quota_provider.executors.containment`). Before the
+host's GPUs are handed out, at start and when it rejoins after it was lost, the worker ends whatever
+of its launches still runs (recorded in its job directories) and waits until none does: the
+scheduler gave those launches up and runs their jobs elsewhere.
 """
 
 from __future__ import annotations
@@ -56,29 +61,42 @@ def _job_queue(queues: str) -> str:
 
 
 def _heartbeat(name: str, every: float, stop: threading.Event) -> None:
-    """Say the host is alive, and end the launches whose pool process died without saying so."""
+    """Say the host is alive, rejoin once it was lost, and end the launches whose pool process died
+    without saying so."""
     from airflow.utils.session import create_session
-    from airflow_quota_provider.models.host import end_dead_launches, heartbeat_host
+    from airflow_quota_provider.executors.celery_worker import jobs
+    from airflow_quota_provider.models.host import HostState, end_dead_launches, heartbeat_host
+
+    launcher = jobs()
+
+    def alive(worker_pid: int, job_id: int) -> bool:  # the pool process, or what its launch started
+        return _alive(worker_pid) or launcher.running(job_id)
 
     while not stop.wait(every):
         try:
             with create_session() as session:
-                heartbeat_host(name, session=session)
+                state = heartbeat_host(name, session=session)
+            if state == HostState.LOST:
+                _rejoin(name, launcher)
             with create_session() as session:  # apart: a failure here must not lose the heartbeat
-                for handle in end_dead_launches(name, _alive, session=session):
+                for handle in end_dead_launches(name, alive, session=session):
                     log.warning("Launch %s ended with its pool process (killed or died)", handle)
         except Exception:
             log.exception("Heartbeat of host %s failed; trying again in %.0f s", name, every)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _rejoin(name: str, launcher) -> None:
+    """The scheduler lost this host and gave up its launches: end what of them still runs here, and
+    only once none does, put the host's GPUs back in the pool."""
+    from airflow.utils.session import create_session
+    from airflow_quota_provider.models.host import rejoin_host
+
+    ended = launcher.end_leftovers()
+    if ended:
+        log.warning("Host %s was lost: ended the launches of jobs %s that still ran here", name, ended)
+    with create_session() as session:
+        rejoin_host(name, session=session)
+    log.info("Host %s rejoined: none of its evicted launches runs", name)
 
 
 def worker(args) -> None:
@@ -101,6 +119,12 @@ def worker(args) -> None:
     home = conf.get("core", "airflow_home", fallback=os.environ.get("AIRFLOW_HOME", "."))
     state_dir = conf.get("quota", "state_dir", fallback="") or os.path.join(home, "quota")
     os.environ[celery_worker.STATE_DIR_ENV] = os.path.join(state_dir, f"host-{name}")
+    try:
+        ended = celery_worker.jobs().end_leftovers()
+    except TimeoutError as e:
+        raise SystemExit(f"Error: host {name}: {e}; its GPUs are not handed out")
+    if ended:
+        log.warning("Ended the launches of jobs %s left running by an earlier worker of host %s", ended, name)
     with create_session() as session:
         register_host(name, queues=[queue], devices=devices, celery_name=f"celery@{name}", session=session)
     log.info("GPU host %s serves job queue %s with GPUs %s (%s)", name, queue, ",".join(devices), source)

@@ -5,10 +5,10 @@ starts, so that the task is registered on Airflow's Celery app and the control c
 worker's main process. Each host consumes a Celery queue of its own (:func:`host_queue`).
 
 - :func:`execute_quota_workload` runs one launch: it refuses a launch the scheduler cancelled (a
-  message redelivered after its host was lost), runs the task supervisor with
-  ``BaseExecutor.run_workload`` in an environment carrying ``CUDA_VISIBLE_DEVICES`` and the
-  ``QUOTA_*`` variables, restores the worker's environment (a prefork child runs many tasks), and
-  records the exit code. How the try ended is the task instance's state, never this task's result.
+  message redelivered after its host was lost), starts the launch's guard and task supervisor
+  (``BaseExecutor.run_workload``) as :class:`~airflow_quota_provider.executors.local_launcher.LocalLauncher`
+  does, in an environment carrying ``CUDA_VISIBLE_DEVICES`` and the ``QUOTA_*`` variables (the pool
+  process's own stays as it was: a prefork child runs many tasks), and records the exit code. How the try ended is the task instance's state, never this task's result.
   As soon as the task and everything it started are gone it says so (``task_exited``): Airflow's
   supervisor may notice its task's exit a whole heartbeat late, and the GPUs need not wait for it
   (as :class:`~airflow_quota_provider.executors.local_launcher.LocalLauncher` does locally). The
@@ -17,9 +17,12 @@ worker's main process. Each host consumes a Celery queue of its own (:func:`host
 - ``quota_notify`` writes a preemption notice where the task polls for it (``QUOTA_PREEMPT_FILE``).
 - ``quota_kill`` kills what a launch's worker process started (the task and its descendants).
 
-The pool process is a child subreaper while it runs a launch, so what the task starts in sessions of
-its own stays its descendant; when the task is done it ends all of it (:func:`end_descendants`)
-before it records the launch's end, which is what frees the GPUs.
+The launch is tied to the worker (:mod:`.containment`): its guard, outside the worker's process
+group, kills all of the launch as soon as the pool process that started it is gone, whatever killed
+the worker (``kill -9 -PGID``, a crash, the OOM killer); a host that starts again or rejoins first
+ends whatever of its launches still runs. The pool process is a child subreaper too, so that what a
+killed guard leaves is ended (:func:`end_descendants`) before the launch's end is recorded, which is
+what frees the GPUs.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from celery.signals import worker_process_init
@@ -40,9 +43,9 @@ from airflow_quota_provider.executors.containment import (
     children as _children,
     end_descendants,
     kill_tree,
-    stat_field as _stat_field,
 )
-from airflow_quota_provider.executors.local_launcher import LocalLauncher
+from airflow_quota_provider.executors.launcher import Liveness
+from airflow_quota_provider.executors.local_launcher import LocalLauncher, supervise_workload
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,8 @@ def host_queue(host: str) -> str:
     return f"quota-host-{host}"
 
 
-def _jobs() -> LocalLauncher:
+def jobs() -> LocalLauncher:
+    """The launches of this host, kept in its job directories."""
     return LocalLauncher(Path(os.environ.get(STATE_DIR_ENV) or "quota"))
 
 
@@ -73,40 +77,50 @@ def _fresh_connections(**_) -> None:
 
 
 @app.task(name=TASK_NAME, bind=True, acks_late=True)
-def execute_quota_workload(self, workload_json: str, job_id: int, env: dict[str, str]) -> int:
-    from airflow.executors.base_executor import BaseExecutor
+def execute_quota_workload(self, workload_json: str, job_id: int, env: dict[str, str]) -> int | None:
     from airflow.executors.workloads import ExecuteTask
     from airflow.utils.session import create_session
-    from airflow_quota_provider.models.host import end_launch, start_launch
+    from airflow_quota_provider.models.host import end_launch, start_launch, task_exited
 
     handle = self.request.id
     with create_session() as session:
         if not start_launch(handle, worker_pid=os.getpid(), session=session):
             log.warning("Launch %s of job %s was cancelled or is unknown: not running it", handle, job_id)
             return -1
-    jobs = _jobs()
-    jobs.job_dir(job_id).mkdir(parents=True, exist_ok=True)
-    jobs.preempt_file(job_id).unlink(missing_ok=True)
-    saved = dict(os.environ)
-    done = threading.Event()
-    rc = 1
+    rc = None
     try:
-        os.environ.update(env)
-        os.environ["QUOTA_PREEMPT_FILE"] = str(jobs.preempt_file(job_id))
-        become_subreaper()  # what the task leaves behind stays ours, and is ended below
         workload = ExecuteTask.model_validate_json(workload_json)
         log.info("[%s] job %s on GPUs %s: %s", handle, job_id, env.get("CUDA_VISIBLE_DEVICES"), workload.display_name)
-        threading.Thread(target=_report_task_exit, args=(handle, done), name="quota-task-exit", daemon=True).start()
-        rc = int(BaseExecutor.run_workload(workload, subprocess_logs_to_stdout=False) or 0)
+        rc = run_launch(
+            jobs(), job_id, lambda: supervise_workload(workload), env,
+            on_task_exit=lambda: _record(handle, "that the task exited", lambda session: task_exited(handle, session=session)),
+        )
     except Exception:
-        log.exception("[%s] the task supervisor of job %s failed", handle, job_id)
-    finally:
-        done.set()
-        os.environ.clear()
-        os.environ.update(saved)
-        end_descendants()  # nothing the task started outlives its launch: SIGTERM, grace, SIGKILL
-        _record(handle, "its end", lambda session: end_launch(handle, rc=rc, session=session))
+        log.exception("[%s] the launch of job %s failed", handle, job_id)
+    _record(handle, "its end", lambda session: end_launch(handle, rc=rc, session=session))
     return rc
+
+
+def run_launch(
+    jobs: LocalLauncher, job_id: int, run: Callable[[], int], env: dict[str, str], *, on_task_exit: Callable[[], object]
+) -> int | None:
+    """Run one launch tied to this process and wait until nothing of it is left; returns the
+    supervisor's exit code (None: killed). ``on_task_exit`` is called once the task and everything
+    it started are gone while the supervisor still finishes."""
+    become_subreaper()  # what a killed guard leaves comes here, and is ended below
+    env = {**env, "QUOTA_PREEMPT_FILE": str(jobs.preempt_file(job_id))}
+    handle = f"{job_id}:{jobs.start(job_id, run, env, tied_to_parent=True)}"
+    told = False
+    try:
+        while (status := jobs.status({handle: job_id}, session=None)[handle]).liveness != Liveness.ENDED:
+            if status.liveness == Liveness.TASK_EXITED and not told:
+                on_task_exit()
+                told = True
+            time.sleep(TASK_EXIT_POLL_S)
+    finally:
+        jobs.forget(handle, session=None)
+        end_descendants()  # nothing the launch started outlives it: SIGTERM, grace, SIGKILL
+    return status.rc
 
 
 def _record(handle: str, what: str, write, *, give_up_after_s: float = RECORD_RETRY_S) -> bool:
@@ -129,32 +143,17 @@ def _record(handle: str, what: str, write, *, give_up_after_s: float = RECORD_RE
             pause = min(pause * 2, 10.0)
 
 
-def _report_task_exit(handle: str, done: threading.Event) -> None:
-    """Once this process's task child has come and gone with everything under it, record
-    ``task_exited`` (the executor frees the GPUs when the task instance says the try ended)."""
-    from airflow_quota_provider.models.host import task_exited
-
-    me, seen = os.getpid(), False
-    while not done.wait(TASK_EXIT_POLL_S):
-        alive = [c for c in _children(me) or () if _stat_field(c, 0) not in (None, "Z")]
-        if alive:
-            seen = True
-        elif seen:
-            _record(handle, "that the task exited", lambda session: task_exited(handle, session=session))
-            return
-
-
 @control_command(args=[("job_id", int), ("notice", json.loads)], signature="<job_id> <notice-json>")
 def quota_notify(state, job_id: int, notice: dict) -> dict:
     """Write job ``job_id``'s preemption notice on this host."""
-    path = _jobs().write_preempt_notice(int(job_id), notice)
+    path = jobs().write_preempt_notice(int(job_id), notice)
     return {"ok": str(path)}
 
 
 @control_command(args=[("worker_pid", int)], signature="<worker-pid>")
 def quota_kill(state, worker_pid: int) -> dict:
-    """SIGKILL everything the pool process ``worker_pid`` started for its launch (not the pool
-    process itself: it records the exit and takes the next task)."""
+    """SIGKILL everything the pool process ``worker_pid`` started for its launch (its guard and all
+    under it; not the pool process itself: it records the exit and takes the next task)."""
     children = _children(int(worker_pid)) or []
     for child in children:
         kill_tree(int(child))

@@ -2,7 +2,9 @@
 
 A host is a machine that runs ``airflow quota worker``: it registers its name, the job queues it
 serves and its GPU indexes, then heartbeats. A host silent for ``[quota] host_lost_after_s`` is
-*lost*: its devices leave the pool until it heartbeats again. A *launch* is one start of one job on
+*lost*: its devices leave the pool until it *rejoins*: its worker first ends whatever of its launches
+still runs there (the scheduler gave them up and runs their jobs elsewhere), and only then says so
+(:func:`rejoin_host`); a worker that starts again does the same before :func:`register_host`. A *launch* is one start of one job on
 one host, named by a handle (the Celery task id); the worker moves it from ``sent`` to ``started``
 only if nobody cancelled it meanwhile, so a message the broker redelivers late never starts a job a
 second time.
@@ -32,7 +34,8 @@ class HostState(str, Enum):
     ACTIVE = "active"
     """Heartbeating: its devices are handed out."""
     LOST = "lost"
-    """Silent past ``[quota] host_lost_after_s``: its devices are out of the pool, its jobs requeued."""
+    """Silent past ``[quota] host_lost_after_s``: its devices are out of the pool, its jobs requeued.
+    Heartbeats alone do not bring it back: :func:`rejoin_host` does, once none of its launches runs."""
 
 
 class LaunchState(str, Enum):
@@ -111,7 +114,8 @@ class QuotaLaunch(QuotaBase):
 def register_host(
     name: str, *, queues: Sequence[str], devices: Sequence[str], celery_name: str | None, session: Session
 ) -> QuotaHost:
-    """Add the host or update what it serves; it is active from now on."""
+    """Add the host or update what it serves; it is active from now on. Its worker calls this only
+    once no launch of an earlier run of it is left on the machine."""
     now = db_now(session)
     host = session.get(QuotaHost, name)
     if host is None:
@@ -127,17 +131,30 @@ def register_host(
     return host
 
 
-def heartbeat_host(name: str, *, session: Session) -> bool:
-    """Record that the host is alive; a lost host rejoins. False when the host is not registered."""
+def heartbeat_host(name: str, *, session: Session) -> HostState | None:
+    """Record that the host is alive; returns its state (None: not registered). A lost host stays
+    lost: its worker must end its evicted launches and :func:`rejoin_host` first."""
     host = session.get(QuotaHost, name)
     if host is None:
-        return False
+        return None
     host.heartbeat_at = db_now(session)  # the schedulers judge it by the same clock
-    if host.state == HostState.LOST.value:
-        host.state, host.lost_at = HostState.ACTIVE.value, None
-        record_event(EventKind.HOST_JOINED, session=session, host=name, devices=host.devices, message="back after it was lost")
     session.flush()
-    return True
+    return HostState(host.state)
+
+
+def rejoin_host(name: str, *, session: Session) -> None:
+    """``lost`` -> ``active``: the host's worker has ended every launch of its own that was still
+    running (the scheduler evicted them when it lost the host) and seen them gone; its devices are
+    handed out again from now on. Raises ValueError naming the host and its state otherwise."""
+    host = session.get(QuotaHost, name)
+    if host is None or host.state != HostState.LOST.value:
+        raise ValueError(f"host {name!r} cannot rejoin: it is {host.state if host else 'not registered'}, not lost")
+    host.state, host.heartbeat_at, host.lost_at = HostState.ACTIVE.value, db_now(session), None
+    record_event(
+        EventKind.HOST_JOINED, session=session, host=name, devices=host.devices,
+        message="back after it was lost; none of its evicted launches runs",
+    )
+    session.flush()
 
 
 def mark_lost_hosts(lost_after_s: float, *, now: float, session: Session) -> list[QuotaHost]:
@@ -193,7 +210,8 @@ def task_exited(handle: str, *, session: Session) -> None:
     )
 
 
-def end_launch(handle: str, *, rc: int, session: Session) -> None:
+def end_launch(handle: str, *, rc: int | None, session: Session) -> None:
+    """``started`` or ``task_exited`` -> ``ended`` with the supervisor's exit code (None: killed)."""
     session.execute(
         update(QuotaLaunch)
         .where(QuotaLaunch.handle == handle, QuotaLaunch.state.in_([LaunchState.STARTED.value, LaunchState.TASK_EXITED.value]))
@@ -202,17 +220,19 @@ def end_launch(handle: str, *, rc: int, session: Session) -> None:
     )
 
 
-def end_dead_launches(host: str, alive: Callable[[int], bool], *, session: Session) -> list[str]:
-    """End (exit code unknown) the launches on ``host`` whose pool process is gone: it died before it
-    could record the end itself (killed, out of memory), and its job would hold its GPUs for ever."""
+def end_dead_launches(host: str, alive: Callable[[int, int], bool], *, session: Session) -> list[str]:
+    """End (exit code unknown) the launches on ``host`` of which nothing lives any more
+    (``alive(worker_pid, job_id)`` is False: neither the pool process, nor anything the launch
+    started): the pool process died before it could record the end itself (killed, out of memory),
+    and its job would hold its GPUs for ever."""
     rows = session.execute(
-        select(QuotaLaunch.handle, QuotaLaunch.worker_pid).where(
+        select(QuotaLaunch.handle, QuotaLaunch.worker_pid, QuotaLaunch.job_id).where(
             QuotaLaunch.host == host,
             QuotaLaunch.state.in_([LaunchState.STARTED.value, LaunchState.TASK_EXITED.value]),
             QuotaLaunch.worker_pid.is_not(None),
         )
     ).all()
-    dead = [handle for handle, pid in rows if not alive(pid)]
+    dead = [handle for handle, pid, job_id in rows if not alive(pid, job_id)]
     if dead:
         session.execute(
             update(QuotaLaunch)

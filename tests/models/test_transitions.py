@@ -17,6 +17,7 @@ from airflow_quota_provider.models.host import (
     mark_lost_hosts,
     record_launch,
     register_host,
+    rejoin_host,
     start_launch,
 )
 from airflow_quota_provider.models.job import (
@@ -86,16 +87,20 @@ def test_a_finished_job_cannot_be_revoked(session):
         transitions.revoke(job, session=session)
 
 
-def test_a_silent_host_is_lost_and_comes_back_with_its_next_heartbeat(session):
+def test_a_silent_host_is_lost_and_comes_back_only_when_it_rejoins(session):
     host = register_host("gpu-a", queues=["fleet"], devices=["0", "1"], celery_name="celery@gpu-a", session=session)
     host.heartbeat_at = 100.0
     assert [h.name for h in mark_lost_hosts(30.0, now=140.0, session=session)] == ["gpu-a"]
     assert host.state == HostState.LOST.value
     assert mark_lost_hosts(30.0, now=150.0, session=session) == []
-    assert heartbeat_host("gpu-a", session=session)
+    assert heartbeat_host("gpu-a", session=session) == HostState.LOST, "a heartbeat is no proof that its launches are gone"
+    assert host.state == HostState.LOST.value
+    rejoin_host("gpu-a", session=session)
     assert host.state == HostState.ACTIVE.value
     assert [k for k, _ in _kinds(session)] == ["host_joined", "host_lost", "host_joined"]
-    assert not heartbeat_host("unknown-host", session=session)
+    with pytest.raises(ValueError, match="host 'gpu-a' cannot rejoin: it is active, not lost"):
+        rejoin_host("gpu-a", session=session)
+    assert heartbeat_host("unknown-host", session=session) is None
 
 
 def test_a_cancelled_launch_never_starts(session):
@@ -116,7 +121,7 @@ def test_a_launch_whose_pool_process_died_is_ended_by_its_host(session):
     for handle, host, pid in (("dead", "gpu-a", 101), ("alive", "gpu-a", 102), ("elsewhere", "gpu-b", 101)):
         record_launch(handle, job_id=job.id, host=host, session=session)
         assert start_launch(handle, worker_pid=pid, session=session)
-    assert end_dead_launches("gpu-a", lambda pid: pid != 101, session=session) == ["dead"]
+    assert end_dead_launches("gpu-a", lambda pid, job_id: pid != 101, session=session) == ["dead"]
     session.expire_all()
     states = {h: (l.state, l.rc) for h, l in launches(["dead", "alive", "elsewhere"], session=session).items()}
     assert states == {
