@@ -246,7 +246,7 @@ class Candidates:
             yield candidate, WITHIN_QUOTA
 
     def _tree_ranks(
-        self, preemptor: Job, quota: Quota, usage: Usage, *, borrow: bool
+        self, preemptor: Job, quota: Quota, usage: Usage, ceiling: float | None, *, borrow: bool
     ) -> dict[str, tuple[tuple, tuple[int, ...]]]:
         """With cohorts: the other quotas whose jobs may be candidates, each with its rank and the
         cohorts between it and the preemptor's lowest common cohort (:meth:`CohortTree.relation`).
@@ -254,18 +254,26 @@ class Candidates:
         A quota qualifies while it and every cohort between it and that common cohort run above their
         share (subtrees within their share are pruned). Its rank: the common cohort's depth (the
         farthest away first), then the subtree below it that borrows most, then that subtree's name.
-        Reclaim (phase 1) also needs the preemptor's side of the common cohort to be able to end
-        within its share, with the preemptor's own allowed victims gone.
+        Reclaim (phase 1) also needs the preemptor's side of the common cohort to be able to end within
+        its share (:meth:`_reclaim_levels`): the search then holds it to that (``within``). Kueue
+        (KEP-79, ``classical/hierarchical_preemption.go``) grants the reclaim once the request fits a
+        node's quota on the preemptor's path as usage stands; this per-level rule is stricter (a cohort
+        never reclaims while it keeps borrowing) but counts, as Kueue's candidate walk does, the
+        borrowers inside the preemptor's own side that the same search may take.
         """
         tree = usage.tree
-        ends_within = None if borrow else usage.ends_within(quota.name, preemptor.gpus - self.own_at_most(preemptor.priority, quota))
-        ranks = {}
+        qualifying = []
         for name in self._quotas:
             if name == quota.name or not usage.is_borrowing(name):
                 continue
             side, depth, chain = tree.relation(quota.name, name)
-            if (ends_within is not None and not ends_within[side]) or not _still_borrowing(usage, name, chain):
-                continue
+            if _still_borrowing(usage, name, chain):
+                qualifying.append((name, side, depth, chain))
+        if not borrow and qualifying:
+            levels = self._reclaim_levels(preemptor, quota, usage, ceiling, qualifying)
+            qualifying = [entry for entry in qualifying if levels[entry[1]]]
+        ranks = {}
+        for name, side, depth, chain in qualifying:
             if chain:
                 top, over = tree.names[chain[-1]], usage.over(chain[-1])
             else:
@@ -273,13 +281,77 @@ class Candidates:
             ranks[name] = ((depth, -over, top), chain)
         return ranks
 
+    def _reclaim_levels(
+        self, preemptor: Job, quota: Quota, usage: Usage, ceiling: float | None, qualifying: list[tuple]
+    ) -> list[bool]:
+        """Per level of the preemptor's path (its quota's position, then each cohort's), whether a
+        reclaim at the cohort above that position is possible: the preemptor's side of it can end within
+        its share once the preemptor is in, its own allowed victims are gone, and so are the reclaim
+        candidates below that cohort on other sides than the preemptor's, as far as the levels beneath
+        allow them (:meth:`TreeUsage.ends_within` with ``freed``). A nominal-0 quota in the preemptor's
+        cohort that runs on the preemptor's lent GPUs is such a candidate: reclaiming it is what brings
+        the cohort back within its share, and so what allows a reclaim from another cohort above.
+        """
+        levels = usage.ends_within(quota.name, preemptor.gpus - self.own_at_most(preemptor.priority, quota))
+        if all(levels):
+            return levels
+        freed = [0] * len(usage.tree.path[quota.name])
+        subtrees: dict[int, tuple[int, int, int]] = {}  # per cohort below a common one: side, GPUs, largest job
+        for name, side, _, chain in qualifying:
+            gpus, largest = self._may_free(name, usage, ceiling)
+            if not chain:
+                freed[side] += gpus
+            else:
+                _, total, most = subtrees.get(chain[-1], (side, 0, 0))
+                subtrees[chain[-1]] = (side, total + gpus, max(most, largest))
+        for top, (side, gpus, largest) in subtrees.items():
+            # A subtree stops giving victims once it is back within its share: its excess and less than
+            # one more job.
+            freed[side] += min(gpus, usage.over(top) + largest - 1) if gpus else 0
+        # Its own victims as they are now, not :meth:`own_at_most`'s bound (which counts victims taken
+        # earlier in the cycle again). The levels are an upper bound, and the search holds each level it
+        # reclaims at to its share: a level counted that cannot end within it would let the search take
+        # victims there first and then fail where nearer victims alone would do, so the bound is kept
+        # tight. The levels allowed before ``freed`` stay allowed.
+        more = usage.ends_within(quota.name, preemptor.gpus - self._own_may_free(preemptor, quota), freed)
+        return [before or after for before, after in zip(levels, more)]
+
+    def _own_may_free(self, preemptor: Job, quota: Quota) -> int:
+        """The GPUs ``within_quota`` lets ``preemptor`` take from its own quota now (victims not taken)."""
+        rule = quota.preemption.within_quota
+        freed = 0
+        position = self._first_untaken(quota.name)
+        while (entry := self._at(quota.name, position)) is not None and entry[1].priority <= preemptor.priority:
+            candidate = entry[1]
+            if candidate.id not in self.taken and within_quota_allows(rule, preemptor, candidate):
+                freed += candidate.gpus
+            position += 1
+        return freed
+
+    def _may_free(self, name: str, usage: Usage, ceiling: float | None) -> tuple[int, int]:
+        """The most GPUs a reclaim can take from quota ``name``, and its largest job among them: its
+        candidates up to ``ceiling`` in victim order, until one brings it back within its capacity (it
+        stops being a candidate there)."""
+        over = usage.used[name] - usage.quotas[name].capacity
+        freed = largest = 0
+        position = self._first_untaken(name)
+        while freed < over and (entry := self._at(name, position)) is not None:
+            candidate = entry[1]
+            if ceiling is not None and candidate.priority > ceiling:
+                break
+            if candidate.id not in self.taken:
+                freed += candidate.gpus
+                largest = max(largest, candidate.gpus)
+            position += 1
+        return freed, largest
+
     def _across_tree(
         self, preemptor: Job, quota: Quota, usage: Usage, ceiling: float | None, reason: str, *, borrow: bool
     ) -> Iterator[tuple[Job, str]]:
         """:meth:`for_preemptor`'s other quotas, with cohorts: a merge of the qualifying quotas' lists
         by rank, then victim order; a quota drops out at its first job above ``ceiling`` or as soon as
         it or a cohort between it and the common cohort is back within its share."""
-        ranks = self._tree_ranks(preemptor, quota, usage, borrow=borrow)
+        ranks = self._tree_ranks(preemptor, quota, usage, ceiling, borrow=borrow)
         heap = []
         for name, (rank, _) in ranks.items():
             position = self._first_untaken(name)
@@ -312,7 +384,7 @@ class Candidates:
         policy = quota.preemption
         ceiling, reason = _other_quotas_rule(policy, preemptor, borrow=borrow)
         if ceiling != NOBODY and usage.tree is not None:
-            ranks = self._tree_ranks(preemptor, quota, usage, borrow=borrow)
+            ranks = self._tree_ranks(preemptor, quota, usage, ceiling, borrow=borrow)
             ranked = sorted((ranks[c.quota][0], key, c) for key, c in entries if c.quota in ranks and c.id not in self.taken)
             for _, _, candidate in ranked:
                 chain = ranks[candidate.quota][1]

@@ -359,9 +359,15 @@ class TreeUsage(Usage):
         """GPUs cohort ``node`` uses above its subtree quota (borrowed from its parent)."""
         return max(0, self.node_used[node] - self.tree.sq[node])
 
-    def ends_within(self, name: str, gpus: int) -> list[bool]:
+    def ends_within(self, name: str, gpus: int, freed: list[int] | None = None) -> list[bool]:
         """Per position on quota ``name``'s path below the root (0: the quota): whether that node is
-        within its subtree quota once the quota holds ``gpus`` more (fewer, when negative)."""
+        within its subtree quota once the quota holds ``gpus`` more (fewer, when negative).
+
+        ``freed[k]``: GPUs that other quotas below the path's ``k``-th cohort (0: the quota's own), on
+        other sides of it than the quota's, may give back. They lower that cohort's usage only when the
+        position below it ends within (a reclaim at that cohort is then allowed), so each level counts
+        what the reclaims beneath it free (an upper bound when ``freed`` is one).
+        """
         quota = self.quotas[name]
         old = self.used[name]
         new = old + gpus
@@ -369,9 +375,11 @@ class TreeUsage(Usage):
         tree, used = self.tree, self.node_used
         floor = quota.private
         delta = (new - floor if new > floor else 0) - (old - floor if old > floor else 0)
-        for node in tree.path[name][:-1]:
+        for position, node in enumerate(tree.path[name][:-1]):
             before = used[node]
             after = before + delta
+            if freed is not None and result[position]:
+                after -= freed[position]
             result.append(after <= tree.sq[node])
             floor = tree.guaranteed[node]
             delta = (after - floor if after > floor else 0) - (before - floor if before > floor else 0)

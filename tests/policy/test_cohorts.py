@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from airflow_quota_provider.policy import CohortUsage, decide, summarize, summarize_cohorts
+from airflow_quota_provider.policy.capacity import usage_for
 from tests.policy.builders import queue
 from tests.policy.test_decide import check, reason_of
 
@@ -157,6 +158,106 @@ RECLAIM = [
         id="reclaim between two teams of one cohort",
     ),
 ]
+
+# Hierarchical reclaim (Kueue's KEP-79, with this project's per-level rule): another quota's job may be
+# taken to reclaim at its lowest common cohort with the preemptor when it and the cohorts between are
+# borrowing, and the preemptor's side of that cohort can end within its share, counting as freed the
+# reclaim candidates inside that side, such as a nominal-0 sibling running on the preemptor's lent GPUs.
+HIERARCHICAL_RECLAIM = [
+    pytest.param(
+        # root: ml(0){t1 4, z 0}: z runs on the 4 GPUs t1 lends
+        queue(4).cohort("ml").quota("t1", 4, cohort="ml").quota("z", 0, cohort="ml")
+        .run("z1", "z", 2, 5, started_at=1).run("z2", "z", 2, 5, started_at=2).wait("t1a", "t1", 2, 0).build(),
+        [], [("z2", "t1a", "reclaim")],
+        id="a nominal-0 quota in the preemptor's cohort running on its lent GPUs is a reclaim candidate",
+    ),
+    pytest.param(
+        # root: ml(0){t1 4, z 0}, web(0){w 0}, common 4: z runs on 2 of t1's GPUs, w on the common
+        # pool and t1's other 2. Taking w's jobs alone leaves ml borrowing z's 2; with z's job gone ml
+        # ends within its share, so t1 reclaims at both levels.
+        queue(8).cohort("ml").cohort("web").quota("t1", 4, cohort="ml").quota("z", 0, cohort="ml")
+        .quota("w", 0, cohort="web")
+        .run("z1", "z", 2, 5).run("w1", "w", 4, 5, started_at=1).run("w2", "w", 2, 5, started_at=2)
+        .wait("t1a", "t1", 4, 0).build(),
+        [], [("w2", "t1a", "reclaim"), ("z1", "t1a", "reclaim")],
+        id="hierarchical reclaim counts the nominal-0 sibling's GPUs as freed: it and a borrower from another cohort are preempted",
+    ),
+    pytest.param(
+        queue(8).cohort("ml").cohort("web").quota("t1", 4, cohort="ml").quota("z", 0, cohort="ml")
+        .quota("w", 0, cohort="web")
+        .run("z1", "z", 2, 5, preemptible=False).run("w1", "w", 4, 5, started_at=1).run("w2", "w", 2, 5, started_at=2)
+        .wait("t1a", "t1", 4, 0).build(),
+        [], [],
+        id="a sibling that cannot be preempted keeps the cohort borrowing: no reclaim from other cohorts",
+    ),
+    pytest.param(
+        # root: ml(0){research(0){t1 4, z 0}, y 0}, web(0){w 0}, common 4: z runs inside research, y
+        # inside ml, both on t1's lent GPUs; each level's borrower brings the level above within its share
+        queue(8).cohort("ml").cohort("research", "ml").cohort("web").quota("t1", 4, cohort="research")
+        .quota("z", 0, cohort="research").quota("y", 0, cohort="ml").quota("w", 0, cohort="web")
+        .run("z1", "z", 1, 5).run("y1", "y", 1, 5).run("w1", "w", 4, 5, started_at=1).run("w2", "w", 2, 5, started_at=2)
+        .wait("t1a", "t1", 4, 0).build(),
+        [], [("w2", "t1a", "reclaim"), ("y1", "t1a", "reclaim"), ("z1", "t1a", "reclaim")],
+        id="hierarchical reclaim through three levels: the farthest borrower first, then each nearer one",
+    ),
+    pytest.param(
+        # root: ml(0){t1 4, z 0}, web(0){w 0}, ops(0){o 0}, common 6: web borrows more than ops, so its
+        # jobs go first whatever their priority; ops keeps its lower-priority job
+        queue(10).cohort("ml").cohort("web").cohort("ops").quota("t1", 4, cohort="ml").quota("z", 0, cohort="ml")
+        .quota("w", 0, cohort="web").quota("o", 0, cohort="ops")
+        .run("z1", "z", 2, 5).run("w1", "w", 3, 9, started_at=1).run("w2", "w", 2, 9, started_at=2).run("o1", "o", 3, 0)
+        .wait("t1a", "t1", 4, 0).build(),
+        [], [("w2", "t1a", "reclaim"), ("z1", "t1a", "reclaim")],
+        id="with a nominal-0 sibling freed too, reclaim still takes first from the subtree that borrows most",
+    ),
+    pytest.param(
+        # root: ml(4){t1 4, z 0}, web(0){w 0}, no common pool: z runs on ml's own 4, w on t1's lent 4.
+        # Taking w alone lets t1 in with ml within its share: the sibling nearer the quota keeps running.
+        queue(8).cohort("ml", capacity=4).cohort("web").quota("t1", 4, cohort="ml").quota("z", 0, cohort="ml")
+        .quota("w", 0, cohort="web").run("z1", "z", 4, 0).run("w1", "w", 4, 9).wait("t1a", "t1", 4, 5).build(),
+        [], [("w1", "t1a", "reclaim")],
+        id="reclaim takes the farther borrower first and spares the nominal-0 sibling when that is enough",
+    ),
+    pytest.param(
+        # root: ml(0){t1 4, z 0}, web(4){w1 4, w2 0}, common 0: w2 borrows w1's idle 4 inside web, which
+        # is within its share; z holds t1's 4. Only z's job is reclaimed, web's borrower is never touched.
+        queue(12).cohort("ml").cohort("web", capacity=4).quota("t1", 4, cohort="ml").quota("z", 0, cohort="ml")
+        .quota("w1", 4, cohort="web").quota("w2", 0, cohort="web")
+        .run("z1", "z", 4, 9).run("w2a", "w2", 4, 0).run("w2b", "w2", 4, 0).wait("t1a", "t1", 4, 5).build(),
+        [], [("z1", "t1a", "reclaim")],
+        id="a subtree within its share never loses jobs, even to a reclaim that also frees a nominal-0 sibling",
+    ),
+]
+
+
+@pytest.mark.parametrize(("state", "admit", "preempt"), HIERARCHICAL_RECLAIM)
+def test_hierarchical_reclaim(state, admit, preempt):
+    check(state, 100.0, admit, preempt)
+
+
+def test_hierarchical_reclaim_on_one_host_counts_the_nominal_0_sibling_too():
+    # The issue's case on one host of 8: the per-host search offers the same candidates.
+    state = (
+        queue(8).host("h1", 8).cohort("ml").cohort("web").quota("t1", 4, cohort="ml").quota("z", 0, cohort="ml")
+        .quota("w", 0, cohort="web")
+        .run("z1", "z", 2, 5, host="h1").run("w1", "w", 4, 5, started_at=1, host="h1")
+        .run("w2", "w", 2, 5, started_at=2, host="h1").wait("t1a", "t1", 4, 0).build()
+    )
+    check(state, 100.0, [], [("w2", "t1a", "reclaim"), ("z1", "t1a", "reclaim")])
+
+
+def test_a_level_counts_what_the_reclaims_beneath_it_free():
+    # root: ml(0){research(0){t1 4, z 0}, y 0}, common 4: z holds 1 GPU inside research, y 1 inside ml
+    state = (
+        queue(8).cohort("ml").cohort("research", "ml").quota("t1", 4, cohort="research")
+        .quota("z", 0, cohort="research").quota("y", 0, cohort="ml").run("z1", "z", 1).run("y1", "y", 1).build()
+    )
+    usage = usage_for(state, {"t1": 0, "z": 1, "y": 1})
+    assert usage.ends_within("t1", 4) == [True, False, False]
+    assert usage.ends_within("t1", 4, [1, 1, 0]) == [True, True, True]
+    # y's GPU is freed at ml only by a reclaim there, which needs research within its share first.
+    assert usage.ends_within("t1", 4, [0, 1, 0]) == [True, False, False]
+    assert usage.ends_within("t1", 5, [1, 1, 0]) == [False, False, False]
 
 
 @pytest.mark.parametrize(("state", "admit", "preempt"), RECLAIM)
