@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 
 from airflow.cli.cli_config import ActionCommand, Arg, lazy_load_command
@@ -61,28 +62,34 @@ def _job_queue(queues: str) -> str:
 
 
 def _heartbeat(name: str, every: float, stop: threading.Event) -> None:
-    """Say the host is alive, rejoin once it was lost, and end the launches whose pool process died
-    without saying so."""
-    from airflow.utils.session import create_session
+    """Beat every ``every`` seconds until ``stop``; a failed beat is logged and the next one tries again."""
     from airflow_quota_provider.executors.celery_worker import jobs
-    from airflow_quota_provider.models.host import HostState, end_dead_launches, heartbeat_host
 
     launcher = jobs()
-
-    def alive(worker_pid: int, job_id: int) -> bool:  # the pool process, or what its launch started
-        return _alive(worker_pid) or launcher.running(job_id)
-
     while not stop.wait(every):
         try:
-            with create_session() as session:
-                state = heartbeat_host(name, session=session)
-            if state == HostState.LOST:
-                _rejoin(name, launcher)
-            with create_session() as session:  # apart: a failure here must not lose the heartbeat
-                for handle in end_dead_launches(name, alive, session=session):
-                    log.warning("Launch %s ended with its pool process (killed or died)", handle)
+            _beat(name, launcher)
         except Exception:
             log.exception("Heartbeat of host %s failed; trying again in %.0f s", name, every)
+
+
+def _beat(name: str, launcher) -> None:
+    """Say the host is alive, rejoin once it was lost, and end the launches of which nothing lives
+    any more (their pool process died without saying so)."""
+    from airflow.utils.session import create_session
+    from airflow_quota_provider.executors.containment import process_alive
+    from airflow_quota_provider.models.host import HostState, end_dead_launches, heartbeat_host
+
+    def alive(worker_pid: int, job_id: int) -> bool:  # the pool process, or what its launch started
+        return process_alive(worker_pid) or launcher.running(job_id)
+
+    with create_session() as session:
+        state = heartbeat_host(name, session=session)
+    if state == HostState.LOST:
+        _rejoin(name, launcher)
+    with create_session() as session:  # apart: a failure here must not lose the heartbeat
+        for handle in end_dead_launches(name, alive, session=session):
+            log.warning("Launch %s ended with its pool process (killed or died)", handle)
 
 
 def _rejoin(name: str, launcher) -> None:
@@ -121,8 +128,9 @@ def worker(args) -> None:
     os.environ[celery_worker.STATE_DIR_ENV] = os.path.join(state_dir, f"host-{name}")
     try:
         ended = celery_worker.jobs().end_leftovers()
-    except TimeoutError as e:
-        raise SystemExit(f"Error: host {name}: {e}; its GPUs are not handed out")
+    except TimeoutError as e:  # exit 2, not 1: the host cannot prove that none of its launches runs
+        print(f"Error: host {name}: {e}; its GPUs are not handed out", file=sys.stderr)
+        raise SystemExit(2)
     if ended:
         log.warning("Ended the launches of jobs %s left running by an earlier worker of host %s", ended, name)
     with create_session() as session:

@@ -102,8 +102,13 @@ def descendants(pid: int) -> list[int]:
     return tree[1:]
 
 
+def process_alive(pid: int | str) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie (a zombie has exited)."""
+    return stat_field(pid, 0) not in (None, "Z")
+
+
 def _live(pids: list[int]) -> list[int]:
-    return [pid for pid in pids if stat_field(pid, 0) not in (None, "Z")]  # a zombie has exited
+    return [pid for pid in pids if process_alive(pid)]
 
 
 def _signal(pids: list[int], sig: int) -> None:

@@ -46,6 +46,7 @@ from airflow_quota_provider.executors.containment import (
     die_with_parent,
     end_descendants,
     kill_tree,
+    process_alive,
     remove_empty_cgroups,
     reap_children,
     stat_field as _stat_field,
@@ -247,7 +248,7 @@ class LocalLauncher:
         if recorded.get("cgroup") and JobCgroup(Path(recorded["cgroup"])).populated():
             return True
         pid = recorded.get("pid")
-        return _stat_field(pid, 0) not in (None, "Z") and _proc_start_time(pid) == recorded.get("start")
+        return process_alive(pid) and _proc_start_time(pid) == recorded.get("start")
 
     def end_leftovers(self, *, timeout_s: float = LEFTOVER_WAIT_S) -> list[int]:
         """Kill every launch recorded in this launcher's job directories that still lives, and
@@ -323,7 +324,7 @@ class LocalLauncher:
         children = _children(pid)
         if children is None:
             return False
-        return all(_stat_field(child, 0) in (None, "Z") for child in children)  # a zombie has exited
+        return not any(process_alive(child) for child in children)
 
     def exit_info(self, job_id: int, pid: int) -> ExitInfo:
         """The supervisor's exit code from its exit file, or, for a child of this scheduler whose

@@ -1,0 +1,107 @@
+"""A GPU host's heartbeat (``airflow quota worker``): the launches it ends and the proof it gives
+before a lost host's GPUs return. Real launches (forked guards), real sessions on a database of the
+test's own with the provider's tables."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import sessionmaker
+
+from airflow_quota_provider.cli.worker_command import _beat
+from airflow_quota_provider.executors.local_launcher import LocalLauncher
+from airflow_quota_provider.models.base import quota_metadata
+from airflow_quota_provider.models.host import (
+    HostState,
+    QuotaHost,
+    QuotaLaunch,
+    mark_lost_hosts,
+    record_launch,
+    register_host,
+    start_launch,
+)
+
+HOST = "gpu-a"
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    """Airflow's sessions (``create_session``) on a SQLite database holding the provider's tables."""
+    from airflow import settings
+
+    engine = create_engine(f"sqlite:///{tmp_path}/airflow.db")
+    quota_metadata.create_all(engine)
+    monkeypatch.setattr(settings, "Session", sessionmaker(engine, expire_on_commit=False))
+    session = settings.Session()
+    register_host(HOST, queues=["fleet"], devices=["0", "1"], celery_name=f"celery@{HOST}", session=session)
+    session.commit()
+    yield session
+    session.close()
+    engine.dispose()
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    jobs = LocalLauncher(tmp_path / "host", cgroups=False)
+    yield jobs
+    for job_id in (1, 2, 3):
+        if jobs.running(job_id):
+            jobs.end_leftovers(timeout_s=30)
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped (a pool process killed with its worker)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def _started(session, handle: str, *, job_id: int, worker_pid: int) -> None:
+    record_launch(handle, job_id=job_id, host=HOST, session=session)
+    assert start_launch(handle, worker_pid=worker_pid, session=session)
+    session.commit()
+
+
+def _states(session) -> dict[str, str]:
+    session.expire_all()
+    return dict(session.execute(select(QuotaLaunch.handle, QuotaLaunch.state)).all())
+
+
+def test_a_launch_whose_pool_process_died_is_ended_only_once_nothing_of_it_lives(db, launcher):
+    guard = launcher.start(2, lambda: time.sleep(600) or 0, {})
+    _started(db, "pool-died-nothing-left", job_id=1, worker_pid=_dead_pid())
+    _started(db, "pool-died-launch-runs-on", job_id=2, worker_pid=_dead_pid())
+    _started(db, "pool-alive", job_id=3, worker_pid=os.getpid())
+
+    _beat(HOST, launcher)
+    assert _states(db) == {
+        "pool-died-nothing-left": "ended",
+        "pool-died-launch-runs-on": "started",  # its GPUs stay taken: its guard and task still run
+        "pool-alive": "started",
+    }
+
+    launcher.kill_job(2, guard)
+    deadline = time.monotonic() + 30
+    while launcher.running(2):
+        assert time.monotonic() < deadline, "the killed launch never went"
+        launcher.reap()
+        time.sleep(0.05)
+    _beat(HOST, launcher)
+    assert _states(db)["pool-died-launch-runs-on"] == "ended"
+
+
+def test_a_lost_host_ends_its_evicted_launches_before_its_gpus_return(db, launcher):
+    launcher.start(1, lambda: time.sleep(600) or 0, {})
+    db.get(QuotaHost, HOST).heartbeat_at = 0.0
+    assert [h.name for h in mark_lost_hosts(30.0, now=100.0, session=db)] == [HOST]
+    db.commit()
+    assert launcher.running(1)
+
+    _beat(HOST, launcher)
+    assert not launcher.running(1), "the evicted launch was ended"
+    db.expire_all()
+    assert db.get(QuotaHost, HOST).state == HostState.ACTIVE.value
