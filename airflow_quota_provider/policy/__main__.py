@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from airflow_quota_provider.policy.config import MAX_QUOTAS_PER_QUEUE, Queue, load_quota_file
+from airflow_quota_provider.policy.config import MAX_QUOTAS_PER_QUEUE, Cohort, Queue, Quota, load_quota_file
 from airflow_quota_provider.policy.cycle import decide
 from airflow_quota_provider.policy.documents import DECISION_FILE_LIMITS, load_json
 from airflow_quota_provider.policy.errors import PolicyError
@@ -34,7 +34,7 @@ def _validate(args: argparse.Namespace) -> None:
     for queue in quota_file.queues:
         assigned = sum(q.capacity for q in queue.quotas) + sum(c.capacity for c in queue.cohorts)
         print(f"job queue {queue.name}: {queue.capacity} GPUs, {len(queue.quotas)} quotas, {queue.capacity - assigned} in the common pool")
-        _print_level(queue, None, "  ")
+        _print_tree(queue, "  ")
     print("ok")
 
 
@@ -43,15 +43,25 @@ def _limits(entry) -> str:
     return "".join(f", {limit}" for limit in limits)
 
 
-def _print_level(queue: Queue, cohort: str | None, indent: str) -> None:
-    """The quotas and cohorts under ``cohort`` (None: the root), each cohort followed by its own."""
+def _print_tree(queue: Queue, indent: str) -> None:
+    """The quotas under the queue's root, then each cohort followed by its own, indented by level.
+    A stack, not recursion, and each entry looked at once: the tree may be as deep as the file allows."""
+    quotas: dict[str | None, list[Quota]] = {}
     for quota in queue.quotas:
-        if quota.cohort == cohort:
+        quotas.setdefault(quota.cohort, []).append(quota)
+    children: dict[str | None, list[Cohort]] = {}
+    for cohort in queue.cohorts:
+        children.setdefault(cohort.parent, []).append(cohort)
+    stack: list[tuple[Cohort | None, str]] = [(None, indent)]  # None: the root
+    while stack:
+        cohort, indent = stack.pop()
+        if cohort is not None:
+            print(f"{indent}cohort {cohort.name}: capacity {cohort.capacity}{_limits(cohort)}")
+            indent += "  "
+        level = None if cohort is None else cohort.name
+        for quota in quotas.get(level, ()):
             print(f"{indent}{quota.name}: capacity {quota.capacity}, {quota.sharing}{_limits(quota)}")
-    for child in queue.cohorts:
-        if child.parent == cohort:
-            print(f"{indent}cohort {child.name}: capacity {child.capacity}{_limits(child)}")
-            _print_level(queue, child.name, indent + "  ")
+        stack.extend((child, indent) for child in reversed(children.get(level, ())))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ and are read by the same :func:`parse_quota`.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -23,6 +24,9 @@ WITHIN_QUOTA = ("never", "lower_priority", "lower_or_newer_equal_priority")
 RECLAIM = ("never", "lower_priority", "any")
 ON_PREEMPTION_LIMIT = ("fail", "protect")
 MAX_QUOTAS_PER_QUEUE = 20  # AWS Batch's documented limit; a setting, not a design bound.
+MAX_COHORT_DEPTH = 16
+"""Levels of cohorts above a quota. Kueue sets none (KEP-79's stories have two or three levels); an
+organisation's tree fits in 16, and every admission check walks a quota's levels up to the root."""
 
 # A quota's name is also its Airflow pool name and its AWS quotaShareName: keep it valid for both.
 # \Z, not $: "$" also matches before a final newline, and "team-x\n" is no pool name.
@@ -256,8 +260,10 @@ def parse_cohort(data: Any, path: str) -> Cohort:
 
 
 def check_cohorts(cohorts: tuple[Cohort, ...], quotas: tuple[Quota, ...], capacity: int, path: str) -> None:
-    """Rules over a queue's tree: names, parents that exist and form no cycle, capacities within the
-    queue, and lend limits the subtree can honour. ``path`` is the queue's (empty for a decision file)."""
+    """Rules over a queue's tree: names, parents that exist and form no cycle, at most
+    :data:`MAX_COHORT_DEPTH` levels, capacities within the queue, and lend limits the subtree can
+    honour. ``path`` is the queue's (empty for a decision file). Linear in the number of cohorts: a
+    hostile file of ten thousand levels is refused at once."""
     def at(key: str) -> str:
         return f"{path}.{key}" if path else key
 
@@ -269,16 +275,21 @@ def check_cohorts(cohorts: tuple[Cohort, ...], quotas: tuple[Quota, ...], capaci
             raise PolicyError(at(f"cohorts[{index}].name"), f"duplicate {what} {cohort.name!r}")
         names[cohort.name] = index
     allowed = ", ".join(names) or "none (the file has no cohorts)"
+    # Every parent first: the walk up the tree below may then follow any parent it meets.
     for index, cohort in enumerate(cohorts):
         if cohort.parent is not None and cohort.parent not in names:
-            raise PolicyError(at(f"cohorts[{index}].parent"), f"{cohort.parent!r} is not one of {allowed}")
-        seen = [cohort.name]
-        parent = cohort.parent
-        while parent is not None and parent not in seen:
-            seen.append(parent)
-            parent = cohorts[names[parent]].parent
-        if parent == cohort.name:  # a cycle above it, not through it, is named at one of its cohorts
-            raise PolicyError(at(f"cohorts[{index}].parent"), f"cycle: {' -> '.join([*seen, parent])}")
+            raise PolicyError(
+                at(f"cohorts[{index}].parent"),
+                f"{cohort.parent!r}, the parent of cohort {cohort.name!r}, is not one of {allowed}",
+            )
+    depths = _cohort_depths(cohorts, names, at)
+    for index, depth in enumerate(depths):
+        if depth > MAX_COHORT_DEPTH:
+            raise PolicyError(
+                at(f"cohorts[{index}].parent"),
+                f"cohort {cohorts[index].name!r} is {depth} levels deep, beyond the bound of "
+                f"{MAX_COHORT_DEPTH} levels of cohorts",
+            )
     for index, quota in enumerate(quotas):
         if quota.cohort is not None and quota.cohort not in names:
             raise PolicyError(at(f"quotas[{index}].cohort"), f"{quota.cohort!r} is not one of {allowed}")
@@ -300,6 +311,32 @@ def check_cohorts(cohorts: tuple[Cohort, ...], quotas: tuple[Quota, ...], capaci
                 f"{cohort.lend_limit} is above the {lendable} GPUs cohort {cohort.name} can lend "
                 f"(its capacity {cohort.capacity} and what its members lend into it)",
             )
+
+
+def _cohort_depths(cohorts: tuple[Cohort, ...], names: dict[str, int], at: Callable[[str], str]) -> list[int]:
+    """Each cohort's level (1: under the queue's root), each walk stopping at a cohort already
+    measured, so the whole is linear; a cycle is refused at its first cohort in the file's order."""
+    depths: list[int] = [0] * len(cohorts)  # 0: not measured yet
+    for start in range(len(cohorts)):
+        walk: list[int] = []
+        on_walk: dict[int, int] = {}
+        node: int | None = start
+        while node is not None and not depths[node]:
+            if node in on_walk:
+                cycle = walk[on_walk[node]:]
+                first = cycle.index(min(cycle))
+                cycle = cycle[first:] + cycle[:first]
+                shown = " -> ".join(cohorts[i].name for i in [*cycle, cycle[0]])
+                raise PolicyError(at(f"cohorts[{cycle[0]}].parent"), f"cycle: {shown}")
+            on_walk[node] = len(walk)
+            walk.append(node)
+            parent = cohorts[node].parent
+            node = None if parent is None else names[parent]
+        depth = 0 if node is None else depths[node]
+        for node in reversed(walk):
+            depth += 1
+            depths[node] = depth
+    return depths
 
 
 def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) -> QuotaFile:

@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from airflow_quota_provider.policy.config import MAX_COHORT_DEPTH
+from tests.policy.test_config import chain
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "quotas.yaml"
 
@@ -63,7 +67,11 @@ def test_decide_reads_stdin_and_reports_preemptions_and_reasons():
         pytest.param({"pending": [dict(DESIGN_EXAMPLE["pending"][0], id="j1")]},
                      "pending[0].id: duplicate job id 'j1' (also at running[0].id)", id="duplicate ids"),
         pytest.param({"cohorts": [{"name": "ml", "parent": "org"}]},
-                     "cohorts[0].parent: 'org' is not one of ml", id="unknown parent cohort"),
+                     "cohorts[0].parent: 'org', the parent of cohort 'ml', is not one of ml", id="unknown parent cohort"),
+        pytest.param({"cohorts": chain(10_000)["queues"][0]["cohorts"],
+                      "quotas": [dict(DESIGN_EXAMPLE["quotas"][0], cohort="c9999")]},
+                     f"cohorts[{MAX_COHORT_DEPTH}].parent: cohort 'c{MAX_COHORT_DEPTH}' is {MAX_COHORT_DEPTH + 1} levels deep, "
+                     f"beyond the bound of {MAX_COHORT_DEPTH} levels of cohorts", id="cohorts too deep"),
     ],
 )
 def test_decide_rejects_bad_input_with_exit_2_naming_the_field(change, message):
@@ -93,6 +101,30 @@ def test_validate_prints_the_tree_of_cohorts():
     assert result.returncode == 0, result.stderr
     assert "4 in the common pool" in result.stdout
     assert "  cohort ml: capacity 8\n    cohort research: capacity 8\n      vision: capacity 4" in result.stdout
+
+
+def test_validate_prints_the_deepest_tree_allowed(tmp_path):
+    path = tmp_path / "quotas.yaml"
+    path.write_text(yaml.safe_dump(chain(MAX_COHORT_DEPTH)))
+    result = policy("validate", str(path))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1:-1] == [
+        *(f"{'  ' * (level + 1)}cohort c{level}: capacity 0" for level in range(MAX_COHORT_DEPTH)),
+        f"{'  ' * (MAX_COHORT_DEPTH + 1)}a: capacity 4, lend_and_borrow",
+    ]
+
+
+def test_validate_refuses_ten_thousand_levels_of_cohorts_with_exit_2(tmp_path):
+    # It was a RecursionError traceback from the printer, after minutes of validation.
+    path = tmp_path / "quotas.yaml"
+    path.write_text(yaml.safe_dump(chain(10_000)))
+    result = policy("validate", str(path))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"error: queues[0].cohorts[{MAX_COHORT_DEPTH}].parent: cohort 'c{MAX_COHORT_DEPTH}' is {MAX_COHORT_DEPTH + 1} "
+        f"levels deep, beyond the bound of {MAX_COHORT_DEPTH} levels of cohorts\n"
+    )
 
 
 def test_decide_rejects_invalid_json():

@@ -16,7 +16,7 @@ from airflow_quota_provider.policy import (
     parse_quota_file,
     quota_to_dict,
 )
-from airflow_quota_provider.policy.config import cohort_to_dict, parse_cohort, parse_quota
+from airflow_quota_provider.policy.config import MAX_COHORT_DEPTH, cohort_to_dict, parse_cohort, parse_quota
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "quotas.yaml"
 
@@ -218,8 +218,21 @@ BAD_TREES = [
     ),
     pytest.param(
         with_cohorts([{"name": "ml", "parent": "org"}], {"name": "a", "capacity": 4, "cohort": "ml"}),
-        "queues[0].cohorts[0].parent: 'org' is not one of ml",
-        id="an unknown parent names the known cohorts",
+        "queues[0].cohorts[0].parent: 'org', the parent of cohort 'ml', is not one of ml",
+        id="an unknown parent names the cohort and the known cohorts",
+    ),
+    pytest.param(
+        with_cohorts([{"name": "ml", "parent": "org"}, {"name": "org", "parent": "top"}], {"name": "a", "capacity": 4, "cohort": "ml"}),
+        "queues[0].cohorts[1].parent: 'top', the parent of cohort 'org', is not one of ml, org",
+        id="an unknown parent reached through the chain of an earlier cohort",
+    ),
+    pytest.param(
+        with_cohorts(
+            [{"name": "ml", "parent": "org"}, {"name": "org", "parent": "web"}, {"name": "web", "parent": "org"}],
+            {"name": "a", "capacity": 4, "cohort": "ml"},
+        ),
+        "queues[0].cohorts[1].parent: cycle: org -> web -> org",
+        id="a cycle above a cohort is named at its first cohort",
     ),
     pytest.param(
         with_cohorts([{"name": "ml"}], {"name": "a", "capacity": 4, "cohort": "web"}),
@@ -274,3 +287,40 @@ def test_bad_trees_are_refused_naming_the_field(data, message):
     with pytest.raises(PolicyError) as error:
         parse_quota_file(data)
     assert str(error.value).startswith(message)
+
+
+def chain(levels: int) -> dict:
+    """A tree of ``levels`` cohorts one under the other, top first, with one quota at the bottom."""
+    cohorts = [{"name": f"c{level}", "parent": f"c{level - 1}" if level else None} for level in range(levels)]
+    return with_cohorts(cohorts, {"name": "a", "capacity": 4, "cohort": f"c{levels - 1}"})
+
+
+def test_a_tree_as_deep_as_the_bound_is_accepted():
+    (queue,) = parse_quota_file(chain(MAX_COHORT_DEPTH)).queues
+    assert len(queue.cohorts) == MAX_COHORT_DEPTH
+
+
+@pytest.mark.parametrize("levels", [MAX_COHORT_DEPTH + 1, 10_000])
+def test_a_tree_deeper_than_the_bound_is_refused_at_its_first_cohort_too_deep(levels):
+    # Ten thousand levels took minutes (a walk per cohort up the whole chain, each step a search of
+    # the walk so far); the walk now stops at a cohort already measured.
+    with pytest.raises(PolicyError) as error:
+        parse_quota_file(chain(levels))
+    assert str(error.value) == (
+        f"queues[0].cohorts[{MAX_COHORT_DEPTH}].parent: cohort 'c{MAX_COHORT_DEPTH}' is {MAX_COHORT_DEPTH + 1} "
+        f"levels deep, beyond the bound of {MAX_COHORT_DEPTH} levels of cohorts"
+    )
+
+
+def test_a_deep_tree_given_bottom_first_is_refused_at_its_deepest_cohort():
+    data = chain(10_000)
+    data["queues"][0]["cohorts"].reverse()
+    with pytest.raises(PolicyError, match=r"^queues\[0\]\.cohorts\[0\]\.parent: cohort 'c9999' is 10000 levels deep"):
+        parse_quota_file(data)
+
+
+def test_a_cycle_of_ten_thousand_cohorts_is_named_at_its_first_cohort():
+    data = chain(10_000)
+    data["queues"][0]["cohorts"][0]["parent"] = "c9999"
+    with pytest.raises(PolicyError, match=r"^queues\[0\]\.cohorts\[0\]\.parent: cycle: c0 -> c9999 -> c9998 -> "):
+        parse_quota_file(data)
