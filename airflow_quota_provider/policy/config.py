@@ -17,7 +17,7 @@ from typing import Any
 from airflow_quota_provider.policy.capacity import CohortTree
 from airflow_quota_provider.policy.documents import QUOTA_FILE_LIMITS, load_yaml
 from airflow_quota_provider.policy.errors import PolicyError, shorten
-from airflow_quota_provider.policy.fields import Fields
+from airflow_quota_provider.policy.fields import Fields, printable
 
 SHARING = ("reserve", "lend", "lend_and_borrow")
 WITHIN_QUOTA = ("never", "lower_priority", "lower_or_newer_equal_priority")
@@ -154,8 +154,8 @@ class QuotaFile:
 
 
 def parse_name(fields: Fields, key: str = "name") -> str:
-    name = fields.str(key)
-    if not _NAME.match(name):
+    name = fields.raw(key)  # not Fields.str: the pattern is stricter, and its message says what is allowed
+    if not isinstance(name, str) or not _NAME.match(name):
         raise PolicyError(
             fields.child(key),
             f"{shorten(name)} is not a valid name (letters, digits, '-' and '_', starting with a letter or digit, at most 128)",
@@ -226,7 +226,7 @@ def parse_quota(data: Any, path: str) -> Quota:
 def _parse_team(item: Any, path: str) -> str:
     if not isinstance(item, str) or not item:
         raise PolicyError(path, f"expected a team name, got {shorten(item)}")
-    return item
+    return printable(item, path)
 
 
 def check_quotas(quotas: tuple[Quota, ...], capacity: int, path: str, *, max_quotas: int) -> None:

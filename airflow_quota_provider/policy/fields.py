@@ -28,6 +28,16 @@ def _describe(value: Any) -> str:
     return f"{shorten(value)} ({type(value).__name__})"
 
 
+def printable(name: str, path: str) -> str:
+    """``name`` when every character of it is printable. Every string of either document is a name
+    (a host, a job id, a team) that reaches logs, pending reasons and the UI: a newline or an escape
+    sequence there forges lines, a bidi mark reorders them."""
+    if not name.isprintable():
+        at = next(index for index, char in enumerate(name) if not char.isprintable())
+        raise PolicyError(path, f"{_describe(name)} has a control or invisible character at index {at}; names must be printable")
+    return name
+
+
 class Fields:
     """One mapping being read; complains about unknown keys when :meth:`done` is called."""
 
@@ -63,7 +73,7 @@ class Fields:
                 raise PolicyError(self.child(key), f"{_describe(value)} is not one of {', '.join(allowed)}")
         if not isinstance(value, str) or not value:
             raise PolicyError(self.child(key), f"expected a non-empty string, got {_describe(value)}")
-        return value
+        return printable(value, self.child(key))
 
     def int(self, key: str, default: Any = _MISSING, *, minimum: int | None = 0, nullable: bool = False) -> Any:
         value = self._get(key, default)

@@ -19,6 +19,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -183,3 +184,52 @@ def test_a_malformed_quota_file_exits_0_or_2_naming_the_field(tmp_path, data):
 )
 def test_a_malformed_decision_file_exits_0_or_2_naming_the_field(tmp_path, data):
     _check(*_run_bounded(tmp_path, ["decide"], data))
+
+
+# A name with a newline forged a second log line, an escape sequence recoloured a terminal and a
+# bidi override reversed a pending reason in the UI; quota names were refused, host names were not.
+UNPRINTABLE = ["gpu-1\nerror: forged", "gpu-\x1b[31m1", "gpu-\u202e1", "gpu-\x001", "gpu-1\u2028", "gpu\t1", "\u200b"]
+
+
+# Where a name goes, and the other places that must say the same name for the file to be valid.
+NAME_FIELDS = {
+    "hosts[0].name": [("hosts", 0, "name"), ("running", 0, "host")],
+    "hosts[0].queue": [("hosts", 0, "queue")],
+    "running[0].host": [("running", 0, "host")],
+    "running[0].id": [("running", 0, "id")],
+    "running[0].preempted_for": [("running", 0, "preempted_for")],
+    "pending[0].id": [("pending", 0, "id")],
+}
+
+
+def _named(name: str, places: list[tuple]) -> bytes:
+    data: Any = HOSTS_EXAMPLE
+    for place in places:
+        data = _replace(data, place[:-1], {**_get(data, place[:-1]), place[-1]: name})
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize("name", UNPRINTABLE)
+@pytest.mark.parametrize("path", NAME_FIELDS)
+def test_a_name_with_a_control_character_is_refused_naming_the_field(tmp_path, path, name):
+    code, err = _run_bounded(tmp_path, ["decide"], _named(name, NAME_FIELDS[path]))
+    _check(code, err)
+    assert code == 2 and err.startswith(f"error: {path}: "), err
+    # A running job's host must be one of the hosts, which are all printable.
+    assert ("is not one of gpu-1, gpu-2" if path == "running[0].host" else "has a control or invisible character") in err
+
+
+@pytest.mark.parametrize("name", UNPRINTABLE)
+def test_a_team_name_with_a_control_character_is_refused_naming_the_field(tmp_path, name):
+    data = json.loads(json.dumps(EXAMPLE))
+    data["queues"][0]["quotas"][0]["teams"] = ["ml", name]
+    code, err = _run_bounded(tmp_path, ["validate"], _yaml(data))
+    _check(code, err)
+    assert code == 2 and err.startswith("error: queues[0].quotas[0].teams[1]: "), err
+    assert "has a control or invisible character" in err
+
+
+@pytest.mark.parametrize("name", ["gpu-07.rack-2.example.com", "ip-10-0-0-7", "gpu 7", "ノード7", "Gpu_7"])
+def test_printable_host_names_are_accepted(tmp_path, name):
+    code, err = _run_bounded(tmp_path, ["decide"], _named(name, NAME_FIELDS["hosts[0].name"]))
+    assert code == 0, err
