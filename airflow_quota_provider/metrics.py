@@ -24,8 +24,8 @@ from airflow.sdk.observability.stats import Stats, normalize_name_for_stats
 from airflow_quota_provider.models import meter
 from airflow_quota_provider.models.coordination import METRICS, try_lock
 from airflow_quota_provider.models.job import EventKind, QuotaEvent, QuotaJob
-from airflow_quota_provider.models.usage import accounting_events
-from airflow_quota_provider.policy.accounting import KINDS, account, holds_from_events, lost_by_end
+from airflow_quota_provider.models.usage import account_log
+from airflow_quota_provider.policy.accounting import KINDS, lost_by_end
 from airflow_quota_provider.usage import cohort_rows, quota_rows
 
 if TYPE_CHECKING:
@@ -172,8 +172,7 @@ class GpuSecondsMeter:
             log.warning("Could not count quota GPU-seconds", exc_info=True)
 
     def _send(self, quota_file: QuotaFile, since: float, now: float, *, session: Session) -> None:
-        holds = holds_from_events(accounting_events(since, now, session=session))
-        result = account(quota_file.queues, holds, [(since, now)])
+        result, holds, _ = account_log(quota_file, [(since, now)], session=session)
         lost = lost_by_end(holds, since, now)
         for (_, quota), figures in result.quotas.items():
             tags = {"quota": quota, "queue": _queue(quota_file, quota)}

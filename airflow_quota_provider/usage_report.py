@@ -13,15 +13,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow_quota_provider.models import usage as ledger
-from airflow_quota_provider.policy.accounting import (
-    DAY_S,
-    KINDS,
-    Account,
-    account_history,
-    holds_from_events,
-    period_cuts,
-    totals,
-)
+from airflow_quota_provider.policy.accounting import DAY_S, KINDS, Account, period_cuts, totals
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -68,15 +60,21 @@ def parse_time(value: str, field: str) -> float:
     return at
 
 
-def check_span(since: float, until: float) -> None:
-    """Refuse an empty, reversed or longer than :data:`MAX_DAYS` period, naming ``until``."""
+def report_span(since: float, until: float, *, session: Session) -> tuple[float, float]:
+    """The span a report over [since, until) covers: from the install's start at the earliest, as
+    nothing is charged before it (``since=0`` asks for everything there is), and empty when it all
+    lies before. An empty or reversed request, or a span over :data:`MAX_DAYS` days (one account
+    period per day), is refused naming ``until``."""
     if not until > since:
         raise UsageRequestError(f"until: {iso(until)} is not after since {iso(since)}")
+    start = ledger.install_start(session=session)
+    since = min(until, max(since, until if start is None else start))
     if until - since > MAX_DAYS * DAY_S:
         raise UsageRequestError(
-            f"until: {iso(until)} is {(until - since) / DAY_S:.0f} days after since {iso(since)}; "
-            f"a report covers at most {MAX_DAYS} days (one period per day)"
+            f"until: {iso(until)} is {(until - since) / DAY_S:.0f} days after {iso(since)} (since, or the install's "
+            f"start if later); a report covers at most {MAX_DAYS} days (one period per day)"
         )
+    return since, until
 
 
 def iso(at: float) -> str:
@@ -86,25 +84,24 @@ def iso(at: float) -> str:
 def account_period(
     quota_file: QuotaFile, since: float, until: float, *, every_s: float = DAY_S, session: Session
 ) -> Account:
-    """The account of [since, until) cut at the multiples of ``every_s`` (a divisor of a day, so UTC
-    midnights are always cuts): rolled-up days from the roll-up (whole days), the rest from the audit
-    log. A bound inside a rolled-up day is refused (its events are gone)."""
-    check_span(since, until)
+    """The account of :func:`report_span`'s [since, until) cut at the multiples of ``every_s`` (a
+    divisor of a day, so UTC midnights are always cuts): rolled-up days from the roll-up (whole days),
+    the rest from the audit log. A bound inside a rolled-up day is refused (its events are gone)."""
+    merged = Account([], {}, {}, {})
+    if since == until:  # all before the install's start
+        return merged
     rolled = ledger.rolled_until(session=session) or float("-inf")
     for name, at in (("since", since), ("until", until)):
         if at < rolled and at % DAY_S:
             raise UsageRequestError(
                 f"{name}: {iso(at)} falls in a day already rolled up (before {iso(rolled)}); use a UTC midnight"
             )
-    merged = Account([], {}, {}, {})
     parts = []
     if since < rolled:
         parts.append(ledger.read_rollup(since, min(until, rolled), session=session))
     if until > rolled:
-        start = max(since, rolled)
-        holds = holds_from_events(ledger.accounting_events(start, until, session=session))
-        configs = ledger.config_history(quota_file, until, session=session)
-        parts.append(account_history(configs, holds, period_cuts(start, until, every_s)))
+        periods = period_cuts(max(since, rolled), until, every_s)
+        parts.append(ledger.account_log(quota_file, periods, session=session).account)
     for part in parts:
         merged.periods += part.periods
         merged.quotas.update(part.quotas)
@@ -142,6 +139,7 @@ def usage_report(
     """
     if by not in BY:
         raise UsageRequestError(f"by: {by!r} is not one of {', '.join(BY)}")
+    since, until = report_span(since, until, session=session)
     result = account_period(quota_file, since, until, session=session)
     if by == "owner" and owners is None:
         owners = dag_owners(session=session)
@@ -156,7 +154,7 @@ def usage_series(
     buckets' rows add up to the report's over the same span (one account, cut finer)."""
     if not (every_s >= 60 and DAY_S % every_s == 0):
         raise UsageRequestError(f"every: {every_s:g} is not a whole divisor of a day (86400) of at least 60 seconds")
-    check_span(since, until)
+    since, until = report_span(since, until, session=session)
     if (until - since) / every_s > MAX_BUCKETS:
         raise UsageRequestError(f"every: {every_s:g} s cuts the period into more than {MAX_BUCKETS} buckets")
     result = account_period(quota_file, since, until, every_s=every_s, session=session)
@@ -210,7 +208,7 @@ def csv_cell(value: Any) -> Any:
 
 def pool_report(quota_file: QuotaFile, since: float, until: float, *, session: Session) -> list[dict[str, Any]]:
     """Per job queue: its pool's GPU-seconds, and what borrowers drew from it."""
-    result = account_period(quota_file, since, until, session=session)
+    result = account_period(quota_file, *report_span(since, until, session=session), session=session)
     out: dict[str, dict[str, float]] = {}
     for (_, queue), f in result.pools.items():
         row = out.setdefault(queue, {"queue": queue, "capacity_s": 0.0, "drawn": 0.0})
@@ -232,11 +230,10 @@ def db_clean(quota_file: QuotaFile, older_than_days: float, *, session: Session,
         start = None if first is None else first // DAY_S * DAY_S
     days = 0
     if start is not None and start < horizon:
-        holds = holds_from_events(ledger.accounting_events(start, horizon, session=session))
         periods = period_cuts(start, horizon, DAY_S)
-        configs = ledger.config_history(quota_file, horizon, session=session)
-        queue_of = {q.name: queue.name for _, queues in configs for queue in queues for q in queue.quotas}
-        ledger.store_rollup(account_history(configs, holds, periods), queue_of, session=session)
+        logged = ledger.account_log(quota_file, periods, session=session)
+        queue_of = {q.name: queue.name for _, queues in logged.configs for queue in queues for q in queue.quotas}
+        ledger.store_rollup(logged.account, queue_of, session=session)
         days = len(periods)
     jobs, events = ledger.delete_before(horizon, session=session)
     return {"horizon": iso(horizon), "days_rolled_up": days, "jobs_deleted": jobs, "events_deleted": events}

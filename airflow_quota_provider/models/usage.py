@@ -7,17 +7,30 @@ report over rolled-up days reads these instead of the events, and totals survive
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import Float, String, delete, func, or_, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from airflow_quota_provider.models.base import QuotaBase
 from airflow_quota_provider.models.job import EventKind, JobState, QuotaEvent, QuotaJob
-from airflow_quota_provider.policy.accounting import DAY_S, EVENT_KINDS, Account, Config, Event, Figures, PoolFigures
+from airflow_quota_provider.policy.accounting import (
+    DAY_S,
+    EVENT_KINDS,
+    Account,
+    Config,
+    Event,
+    Figures,
+    Hold,
+    PoolFigures,
+    account_history,
+    holds_from_events,
+)
 from airflow_quota_provider.policy.config import parse_quota_file
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from sqlalchemy.orm import Session
 
     from airflow_quota_provider.policy import QuotaFile
@@ -95,26 +108,46 @@ def _events_before(since: float, until: float, *, session: Session) -> list[Even
     return [Event(at, kind, None if job is None else str(job), *rest) for at, kind, job, *rest in rows]
 
 
-def config_history(current: QuotaFile, until: float, *, session: Session) -> list[Config]:
-    """The configurations in force before ``until``, oldest first, for
+class LogAccount(NamedTuple):
+    """:func:`account_log`'s answer: the account, the holds it charged and the configurations in force."""
+
+    account: Account
+    holds: list[Hold]
+    configs: list[Config]
+
+
+def account_log(current: QuotaFile, periods: Sequence[tuple[float, float]], *, session: Session) -> LogAccount:
+    """The account of ``periods`` (contiguous, in order) from the audit log, each moment charged with
+    the quota file in force then (:func:`config_history`): the one account that the reports, the
+    daily roll-up and the ``gpu_seconds`` counters share."""
+    since, until = periods[0][0], periods[-1][1]
+    holds = holds_from_events(accounting_events(since, until, session=session))
+    configs = config_history(current, since, until, session=session)
+    return LogAccount(account_history(configs, holds, periods), holds, configs)
+
+
+def config_history(current: QuotaFile, since: float, until: float, *, session: Session) -> list[Config]:
+    """The configurations in force over [since, until), oldest first, for
     :func:`~airflow_quota_provider.policy.accounting.account_history`.
 
     Each ``config_loaded`` event starts one with the job queues its ``detail`` records; an event
     without them (recorded before they were, or unreadable) stands for ``current``, the quota file
-    read now. The first starts at the install's start: its first audit event or rolled-up day, with
-    ``current`` until the first ``config_loaded`` event. No event at all: nothing is charged.
+    read now. The first starts at :func:`install_start`, with ``current`` until the first
+    ``config_loaded`` event. No event at all: nothing is charged. Only the event in force at
+    ``since`` and the later ones are read (the metrics ask every few seconds).
     """
-    start = min((at for at in (first_event_at(session=session), rolled_start(session=session)) if at is not None),
-                default=None)
+    start = install_start(session=session)
     if start is None:
         return []
-    rows = session.execute(
-        select(QuotaEvent.at, QuotaEvent.detail)
-        .where(QuotaEvent.kind == EventKind.CONFIG_LOADED.value, QuotaEvent.at < until)
-        .order_by(QuotaEvent.at, QuotaEvent.id)
+    loaded = select(QuotaEvent.at, QuotaEvent.detail).where(QuotaEvent.kind == EventKind.CONFIG_LOADED.value)
+    in_force = session.execute(
+        loaded.where(QuotaEvent.at <= since).order_by(QuotaEvent.at.desc(), QuotaEvent.id.desc()).limit(1)
+    ).all()
+    rows = in_force + session.execute(
+        loaded.where(QuotaEvent.at > since, QuotaEvent.at < until).order_by(QuotaEvent.at, QuotaEvent.id)
     ).all()
     parsed: dict[str | None, tuple] = {None: current.queues}  # one parse per distinct file
-    history = [] if rows and rows[0].at <= start else [Config(start, current.queues)]
+    history = [] if rows and rows[0].at <= max(start, since) else [Config(start, current.queues)]
     for at, detail in rows:
         if detail not in parsed:
             try:
@@ -123,6 +156,13 @@ def config_history(current: QuotaFile, until: float, *, session: Session) -> lis
                 parsed[detail] = current.queues
         history.append(Config(at, parsed[detail]))
     return history
+
+
+def install_start(*, session: Session) -> float | None:
+    """When the install started: its first audit event or first rolled-up day (None: neither yet).
+    Nothing is charged before it, so a report starts there at the earliest."""
+    return min((at for at in (first_event_at(session=session), rolled_start(session=session)) if at is not None),
+               default=None)
 
 
 def rolled_start(*, session: Session) -> float | None:

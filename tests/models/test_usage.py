@@ -133,6 +133,18 @@ def test_a_series_bucket_that_would_not_cut_at_midnight_is_refused(session, ever
         usage_series(QUOTAS, DAY0, DAY0 + DAY_S, every_s, session=session)
 
 
+def test_a_report_from_the_epoch_starts_at_the_install_and_one_before_it_is_empty(history):
+    """``since=0`` asks for everything: the report and its hourly series start at the install's
+    start (DAY0, 100 days after the epoch: 2,424 hourly buckets from the epoch, 24 from DAY0)."""
+    from_epoch = usage_report(QUOTAS, 0, DAY0 + DAY_S, session=history)
+    assert from_epoch == usage_report(QUOTAS, DAY0, DAY0 + DAY_S, session=history)
+    assert {row["since"] for row in from_epoch} == {"1970-04-11T00:00:00Z"}
+    series = usage_series(QUOTAS, 0, DAY0 + DAY_S, 3600, session=history)
+    assert (len(series), series[0]["since"]) == (24, "1970-04-11T00:00:00Z")
+    assert usage_report(QUOTAS, 0, DAY0, session=history) == []
+    assert usage_series(QUOTAS, 0, DAY0, 3600, session=history) == []
+
+
 def test_a_bound_inside_a_rolled_up_day_is_refused_naming_it(history):
     db_clean(QUOTAS, 1, session=history, now=DAY0 + 3 * DAY_S + 600)
     with pytest.raises(UsageRequestError, match="^since: .* falls in a day already rolled up"):
@@ -145,12 +157,12 @@ def test_a_bound_inside_a_rolled_up_day_is_refused_naming_it(history):
         pytest.param("team", DAY0, DAY0 + 1, "by", id="by names one of quota, dag, owner"),
         pytest.param("quota", DAY0, DAY0, "until", id="until must be after since"),
         pytest.param("quota", DAY0 + 1, DAY0, "until", id="until before since"),
-        pytest.param("quota", 0, (MAX_DAYS + 1) * DAY_S, "until", id="a period over MAX_DAYS days"),
+        pytest.param("quota", 0, DAY0 + (MAX_DAYS + 1) * DAY_S, "until", id="over MAX_DAYS days from the install"),
     ],
 )
-def test_bad_requests_name_the_field(session, by, since, until, field):
+def test_bad_requests_name_the_field(history, by, since, until, field):
     with pytest.raises(UsageRequestError, match=f"^{field}: "):
-        usage_report(QUOTAS, since, until, by=by, session=session)
+        usage_report(QUOTAS, since, until, by=by, session=history)
 
 
 # ---------------------------------------------------------------------------------- history

@@ -69,6 +69,8 @@ def _session(tmp_path) -> Session:
 def test_usage_refuses_bad_times_naming_the_field(tmp_path, since, until, every, field):
     quota_file = parse_quota_file(yaml.safe_load(QUOTAS))
     with _session(tmp_path) as session, pytest.raises(services.BadRequest, match=f"^{field}: "):
+        # Installed at the epoch: no span asked for starts before the install (a report starts there at the earliest).
+        session.add(QuotaEvent(at=0, kind="config_loaded", message="quotas.yaml"))
         services.usage(quota_file, since, until, "quota", every, session=session)
 
 
