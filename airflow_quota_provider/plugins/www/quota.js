@@ -191,16 +191,23 @@ async function getUsage(query) {
   return response.json();
 }
 
+// A quota's row in a bucket; none (nothing charged) where the quota file in force then did not have it.
+const NO_ROW = { capacity_s: 0, used_within: 0, borrowed: 0, lent: 0, idle: 0 };
+function rowOf(bucket, quota) {
+  return bucket.rows.find((r) => r.key === quota) ?? NO_ROW;
+}
+
 // One quota's stacked step areas: per bucket, the average GPUs of each kind (seconds / bucket length).
+// The series starts at the install's start at the earliest: before it the chart is empty.
 function chart(quota, span, data) {
   const t0 = Date.parse(data.since), t1 = Date.parse(data.until);
   const buckets = data.series.map((b) => {
-    const row = b.rows.find((r) => r.key === quota);
+    const row = rowOf(b, quota);
     const s = Date.parse(b.since), e = Date.parse(b.until), len = (e - s) / 1000;
     return { x0: ((s - t0) / (t1 - t0)) * W, x1: ((e - t0) / (t1 - t0)) * W, capacity: row.capacity_s / len,
              gpus: Object.fromEntries(STACK.map(([kind, field]) => [kind, row[field] / len])) };
   });
-  const capacity = buckets.length ? buckets[0].capacity : 0;
+  const capacity = buckets.length ? buckets[buckets.length - 1].capacity : 0;  // the capacity now
   const top = Math.max(1, ...buckets.map((b) => b.capacity + b.gpus.borrowed));
   const y = (gpus) => TOP + (H - TOP - BOTTOM) * (1 - gpus / top);
   const node = svg("svg", { class: "usage-chart", viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none",
@@ -210,7 +217,7 @@ function chart(quota, span, data) {
     const tops = buckets.map((b, i) => base[i] + b.gpus[kind]);
     const upper = buckets.flatMap((b, i) => [`${b.x0},${y(tops[i])}`, `${b.x1},${y(tops[i])}`]);
     const lower = buckets.flatMap((b, i) => [`${b.x0},${y(base[i])}`, `${b.x1},${y(base[i])}`]).reverse();
-    const total = data.series.reduce((sum, b) => sum + b.rows.find((r) => r.key === quota)[field], 0);
+    const total = data.series.reduce((sum, b) => sum + rowOf(b, quota)[field], 0);
     node.append(svg("path", { class: `series ${kind}`, "data-kind": kind, d: buckets.length ? `M${upper.join("L")}L${lower.join("L")}Z` : "" },
                     svg("title", {}, `${kind}: ${hours(total)} GPU-hours`)));
     base = tops;
