@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from datetime import datetime, timezone
 
 import pytest
 
@@ -227,8 +230,6 @@ def test_an_unusable_quota_file_answers_503_naming_it(server, jobs):
 
 
 def test_the_cli_and_the_api_charge_the_same_usage(server, jobs):
-    import time
-
     since, until = int(time.time()) - 3600, int(time.time()) + 3600  # running jobs hold GPUs until `until`
     status, body = server.request("GET", f"/quota/api/usage?since={since}&until={until}", user="viewer")
     cli = server.instance.airflow("quota", "usage", "--since", str(since), "--until", str(until), "-o", "json")
@@ -243,12 +244,13 @@ def test_the_cli_and_the_api_charge_the_same_usage(server, jobs):
 
 
 def test_the_usage_series_adds_up_to_the_rows_and_the_csv_is_the_clis(server, jobs):
-    import time
-
     since, until = int(time.time()) - 2 * 3600, int(time.time()) + 3600
     status, body = server.request("GET", f"/quota/api/usage?since={since}&until={until}&every=3600", user="viewer")
     assert status == 200, body
-    assert len(body["series"]) == 3 + (since % 3600 > 0) and body["series"][-1]["until"] == body["until"]
+    (first,) = server.instance.sql("SELECT MIN(at) AS at FROM quota_event")
+    start = max(since, first["at"])  # nothing is charged before the install's start
+    assert len(body["series"]) == math.ceil(until / 3600) - math.floor(start / 3600)
+    assert body["series"][-1]["until"] == body["until"]
     for row in body["rows"]:
         for kind in ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost"):
             summed = sum(r[kind] for bucket in body["series"] for r in bucket["rows"] if r["key"] == row["key"])
@@ -258,11 +260,16 @@ def test_the_usage_series_adds_up_to_the_rows_and_the_csv_is_the_clis(server, jo
     assert status == 200 and text == cli.stdout and text.startswith("quota,capacity_s,used_within,"), text
 
 
+TWO_DAYS_AHEAD = int(time.time()) + 2 * 86400
+"""An ``until`` that the install's start (the seeded jobs' first event, in the past) is always more
+than a day before: one-minute buckets from it are more than 1440."""
+
+
 @pytest.mark.parametrize(
     ("query", "field"),
     [
         pytest.param("since=0&every=420", "every", id="every not a divisor of a day"),
-        pytest.param("since=0&until=86400000&every=60", "every", id="too many buckets"),
+        pytest.param(f"since=0&until={TWO_DAYS_AHEAD}&every=60", "every", id="too many buckets"),
         pytest.param("since=yesterday", "since", id="since not a time"),
         pytest.param("since=100&until=50", "until", id="until before since"),
     ],
@@ -272,11 +279,51 @@ def test_bad_usage_requests_name_the_field(server, jobs, query, field):
     assert status == 400 and body["detail"].startswith(f"{field}: "), body
 
 
+def test_usage_since_the_epoch_is_charged_from_the_install_start(server, jobs):
+    """``since=0`` asks for everything there is: the same figures as from a day before the seeded
+    jobs' first event (the install's start), hourly buckets from there, nothing before it."""
+    (first,) = server.instance.sql("SELECT MIN(at) AS at FROM quota_event")
+    day_before, until = int(first["at"]) - 86400, int(time.time()) + 60
+    status, everything = server.request("GET", f"/quota/api/usage?since=0&until={until}&every=3600", user="viewer")
+    assert status == 200, everything
+    status, from_day_before = server.request("GET", f"/quota/api/usage?since={day_before}&until={until}", user="viewer")
+    assert status == 200 and everything["rows"] == from_day_before["rows"], (everything, from_day_before)
+    assert everything["series"][0]["since"] == datetime.fromtimestamp(first["at"], timezone.utc).isoformat().replace(
+        "+00:00", "Z")
+    status, before = server.request("GET", f"/quota/api/usage?since=0&until={day_before}", user="viewer")
+    assert status == 200 and before["rows"] == [], before
+
+
 def test_the_usage_cli_names_a_bad_field_without_a_traceback(server):
     result = server.instance.airflow("quota", "usage", "--since", "yesterday", check=False)
     assert result.returncode == 2
     assert "Error: since: 'yesterday' is not an ISO 8601 time" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        pytest.param(("usage", "--since", "nan"), "since: 'nan' is not a time from 1970", id="usage --since nan"),
+        pytest.param(("usage", "--since", "0", "--until", "inf"), "until: 'inf' is not a time from 1970",
+                     id="usage --until inf"),
+        pytest.param(("usage", "--since", "0", "--until", "1e20"), "until: '1e20' is not a time from 1970",
+                     id="usage --until past the year 9999"),
+        pytest.param(("db-clean", "--older-than", "nan"), "older-than: nan is not a number of days from 0 to 36500",
+                     id="db-clean --older-than nan"),
+        pytest.param(("db-clean", "--older-than", "inf"), "older-than: inf is not a number of days from 0 to 36500",
+                     id="db-clean --older-than inf"),
+        pytest.param(("db-clean", "--older-than", "-1"), "older-than: -1.0 is not a number of days from 0 to 36500",
+                     id="db-clean --older-than negative"),
+    ],
+)
+def test_the_cli_refuses_a_time_that_is_not_one_naming_the_option_without_a_traceback(server, jobs, args, error):
+    before = server.instance.sql("SELECT COUNT(*) AS n FROM quota_event")
+    result = server.instance.airflow("quota", *args, check=False)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert f"Error: {error}" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert server.instance.sql("SELECT COUNT(*) AS n FROM quota_event") == before  # db-clean deleted nothing
 
 
 # ---------------------------------------------------------------------------------- hostile input
@@ -412,6 +459,51 @@ def test_event_filters_out_of_range_are_refused_without_a_server_error(server, j
     status, raw = _raw(server, "GET", f"/quota/api/events?{query}", user="viewer")
     assert status in (400, 422), raw[:500]
     assert len(raw) < 2000
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "field"),
+    [
+        # since and until: parsed by usage_report.parse_time, answered 400 naming the field and the range
+        pytest.param("since=nan", 400, "since", id="since NaN"),
+        pytest.param("since=-Infinity", 400, "since", id="since minus infinity"),
+        pytest.param("since=1e400", 400, "since", id="since 1e400, beyond a double"),
+        pytest.param("since=-1", 400, "since", id="since negative"),
+        pytest.param("since=" + "9" * 60, 400, "since", id="since of 60 digits"),
+        pytest.param("since=0001-01-01T00:00:00%2B05:00", 400, "since", id="since before 1970 east of UTC"),
+        pytest.param("since=", 400, "since", id="an empty since"),
+        pytest.param("since=0&until=NaN", 400, "until", id="until NaN"),
+        pytest.param("since=0&until=inf", 400, "until", id="until infinity"),
+        pytest.param("since=0&until=1e20", 400, "until", id="until past the year 9999"),
+        pytest.param("since=0&until=253402300800", 400, "until", id="until one second past the year 9999"),
+        pytest.param("since=0&until=9999-12-31T23:59:59-05:00", 400, "until", id="until in the year 10000 UTC"),
+        pytest.param("since=10&until=-10", 400, "until", id="until negative"),
+        pytest.param("since=0&until=253402300799", 400, "until", id="until over 3660 days after the install"),
+        # every, format, by: typed query parameters, answered 422 naming the field (as every schema error)
+        pytest.param("since=0&every=nan", 422, "every", id="every NaN"),
+        pytest.param("since=0&every=inf", 422, "every", id="every infinity"),
+        pytest.param("since=0&every=-3600", 422, "every", id="every negative"),
+        pytest.param("since=0&every=0", 422, "every", id="every zero"),
+        pytest.param("since=0&every=172800", 422, "every", id="every over a day"),
+        pytest.param("since=0&every=3600.5", 422, "every", id="every a fraction"),
+        pytest.param(f"since=0&every={2**63}", 422, "every", id="every beyond 64-bit"),
+        pytest.param("since=0&every=" + "9" * 5000, 422, "every", id="every of 5000 digits"),
+        pytest.param("since=0&format=xlsx", 422, "format", id="format unknown"),
+        pytest.param("since=0&format=", 422, "format", id="an empty format"),
+        pytest.param("since=0&format=" + "c" * 5000, 422, "format", id="a format of 5000 characters"),
+        pytest.param("since=" + "1" * 5000, 422, "since", id="a since of 5000 characters"),
+        pytest.param("since=0&by=team", 422, "by", id="by unknown"),
+    ],
+)
+def test_hostile_usage_queries_are_refused_naming_the_field_without_a_server_error(server, jobs, query, status, field):
+    got, raw = _raw(server, "GET", f"/quota/api/usage?{query}", user="viewer")
+    assert got == status, raw[:500]
+    assert len(raw) < 2000
+    detail = json.loads(raw)["detail"]
+    if status == 400:
+        assert detail.startswith(f"{field}: "), detail
+    else:
+        assert [error["loc"] for error in detail] == [["query", field]], detail
 
 
 @pytest.mark.parametrize(
