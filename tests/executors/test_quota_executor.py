@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import time
@@ -93,24 +94,31 @@ def test_within_quota_priority_preempts_a_plain_task_through_the_fallback_path(a
     assert (ti["state"], ti["try_number"]) == ("success", 1)
 
 
+def _team_s(airflow) -> tuple[int, int, int]:
+    status = json.loads(airflow.airflow("quota", "status", "--output", "json").stdout)
+    team_s = next(row for row in status if row["quota"] == "team-s")
+    return team_s["in_use"], team_s["pending_jobs"], team_s["pending_gpus"]
+
+
 def test_set_priority_on_a_waiting_task_changes_which_runs_next(airflow):
     airflow.wait_dag("set_waiters")
     airflow.trigger("set_block")
-    wait_for(lambda: _task_starts(airflow, "set_block", "block"), "the blocking task to start")
-    run = airflow.trigger("set_waiters")
-    wait_for(
-        lambda: len(airflow.sql("SELECT 1 FROM quota_job WHERE dag_id='set_waiters' AND state='pending' "
-                                "AND pending_position IS NOT NULL")) == 2,
-        "both waiters to be pending",
-    )
-    status = json.loads(airflow.airflow("quota", "status", "--output", "json").stdout)
-    team_s = next(row for row in status if row["quota"] == "team-s")
-    assert (team_s["in_use"], team_s["pending_jobs"], team_s["pending_gpus"]) == (1, 2, 2)
-    explained = airflow.airflow("quota", "explain", "set_waiters", run, "w2").stdout
-    assert "position 2" in explained, explained
-    out = airflow.airflow("quota", "set-priority", "set_waiters", run, "w2", "100").stdout
-    assert "set to 100" in out
-    jobs = json.loads(airflow.airflow("quota", "jobs", "--output", "json").stdout)
+    (block,) = wait_for(lambda: _task_starts(airflow, "set_block", "block"), "the blocking task to start")
+    # Held stopped until the new priority is set: its 30 s sleep alone did not always outlive the
+    # CLI calls below on a loaded machine, and then w1 ran first.
+    os.kill(block["pid"], signal.SIGSTOP)
+    try:
+        run = airflow.trigger("set_waiters")
+        wait_for(lambda: _team_s(airflow) == (1, 2, 2), "team-s to run the blocking task with both waiters pending")
+        # Positions are those of the scheduler's last cycle: w2 may be first while w1 is not yet queued.
+        wait_for(lambda: "position 2" in airflow.airflow("quota", "explain", "set_waiters", run, "w2").stdout,
+                 "w2 to wait behind w1")
+        out = airflow.airflow("quota", "set-priority", "set_waiters", run, "w2", "100").stdout
+        assert "set to 100" in out
+    finally:
+        os.kill(block["pid"], signal.SIGCONT)
+    # --all: w2 may have run and ended by now, and the active list no longer holds it.
+    jobs = json.loads(airflow.airflow("quota", "jobs", "--all", "--output", "json").stdout)
     w2 = next(j for j in jobs if j["dag_id"] == "set_waiters" and j["task_id"] == "w2")
     assert w2["priority"] == 100
     assert airflow.wait_run("set_waiters", run) == "success"
