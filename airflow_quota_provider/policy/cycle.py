@@ -5,7 +5,7 @@ The cycle, in order:
 1. Jobs rejected outright (more GPUs than their quota can ever hold or than the largest host has,
    priority above ``max_priority``).
 2. Jobs holding capacity while their victims stop: their GPUs are counted as taken (logically, and on
-   their victims' host), and they wait until their victims are gone, even when other GPUs are free
+   the host they will run on), and they wait until their victims are gone, even when other GPUs are free
    (those are someone else's). Once the victims have stopped the job is an ordinary waiting job that
    fits, and starts. (If the quota file or the hosts changed so that the hold no longer fits, the job
    queues again like any other.)
@@ -23,9 +23,10 @@ The cycle, in order:
 
 With hosts (``State.hosts``), a job starts only where it fits physically: admission picks the host it
 fills best (:mod:`.placement`), and a job that fits its quota but finds no host with enough free GPUs
-searches for victims on one host like a job that does not fit, or waits, its reason naming the
-fragmentation. The quota arithmetic is the same with and without hosts; without them the queue is
-one implicit host of its capacity and nothing of this applies.
+searches for victims that make room on a host like a job that does not fit, or waits, its reason
+naming the fragmentation. Its victims may be on several hosts (the quota arithmetic is queue-wide);
+one host has room once they are gone. The quota arithmetic is the same with and without hosts;
+without them the queue is one implicit host of its capacity and nothing of this applies.
 
 Queueing is Kueue's ``BestEffortFIFO`` (its default; there is no ``StrictFIFO``): a job that can
 neither start nor find victims does not block the jobs behind it in its quota's queue, and a job
@@ -49,7 +50,7 @@ from airflow_quota_provider.policy.capacity import ever_fits, ever_fits_each, us
 from airflow_quota_provider.policy.config import Quota
 from airflow_quota_provider.policy.decision import Decision, Pending, Preemption, Rejection
 from airflow_quota_provider.policy.ordering import entry_key, queue_order
-from airflow_quota_provider.policy.placement import Placement, victims_host
+from airflow_quota_provider.policy.placement import Placement
 from airflow_quota_provider.policy.preemption import find_victims, may_find, search_phases
 from airflow_quota_provider.policy.preemption_policy import effective_max_preemptions, limit_reached, may_preempt
 from airflow_quota_provider.policy.reasons import Explainer
@@ -105,6 +106,9 @@ class _Cycle:
         self.placement = None if state.hosts is None else Placement(state.hosts, self.running)
         self.usage.physical = self.running.physical
         self.candidates = Candidates(self.running, self.quotas, now)
+        if self.placement is not None and self.placement.down:
+            # A job on a host that is down cannot be told to stop: never a victim, wherever it is asked.
+            self.candidates.taken.update(job.id for job in state.running if job.host in self.placement.down)
         self.decision = Decision(placed=self.placement is not None)
         self.waiting_for: dict[str, tuple[list[str], str | None]] = {}
         """Held jobs: capacity is theirs, GPUs not yet free; the victims they wait for and the host
@@ -127,8 +131,8 @@ class _Cycle:
             if job.id in self.handled or not self.usage.fits(job.quota, job.gpus, borrow=True):
                 continue
             victims = self.running.stopping_for(job.id)
-            host = None if self.placement is None else victims_host(victims)
-            if host is None or self.placement.free_settled[host] >= job.gpus:
+            host = None if self.placement is None else self.placement.host_for_preemptor(job.gpus, victims, stopping=True)
+            if self.placement is None or host is not None:
                 self._hold(job, sorted(victim.id for victim in victims), host)
                 self.handled.add(job.id)
         self._within_quota_pass()
@@ -279,7 +283,7 @@ class _Cycle:
             phases = [phase for phase in phases if not phase]
         if self._failed_at_most(self._search_failed, job.quota, borrow, job.gpus):
             return False
-        # None without phases; with hosts, all on the host the job will run on
+        # None without phases; with hosts, leaving room on a host
         victims = find_victims(job, quota, self.usage, self.candidates, phases, self.placement, may_borrow=borrow)
         if not victims:
             self._remember_no(self._search_failed, job, borrow)
@@ -291,7 +295,9 @@ class _Cycle:
                 awaited.append(victim.id)
             else:
                 self._preempt(victim, job, reason)
-        host = None if self.placement is None else victims[0][0].host
+        host = None
+        if self.placement is not None:
+            host = self.placement.host_for_preemptor(job.gpus, (victim for victim, _ in victims), stopping=True)
         self._hold(job, [victim.id for victim, _ in victims if victim.id not in awaited], host, awaited)
         return True
 

@@ -11,7 +11,9 @@ of the queue's physical and logical usage (:mod:`.capacity`):
   for stopping jobs to release GPUs there.
 
 A job starts on a host where both are at least its GPUs; a victim's GPUs count as free once settled
-as soon as it is chosen, and its preemptor takes them there. With one host of the queue's capacity
+as soon as it is chosen. Its preemptor waits on one host with room once its victims are gone
+(:meth:`Placement.host_for_preemptor`), which need not hold all of them: the quota arithmetic may
+need victims on other hosts. With one host of the queue's capacity
 the two figures are the queue's physical and logical free GPUs, so the policy decides as it does
 without hosts. The quota arithmetic (capacity, borrowing, lending) stays queue-wide, in GPUs; a job
 starts when both it and a host allow it.
@@ -84,6 +86,28 @@ class Placement:
             host = min(fits)[1] if fits else None
         return host
 
+    def host_for_preemptor(self, gpus: int, victims: Iterable[Job], *, stopping: bool) -> str | None:
+        """The host a preemptor of ``gpus`` waits on for ``victims`` (anywhere: the quota arithmetic
+        may need victims on other hosts than the one that makes room), or None where none has room.
+
+        A host has room when its GPUs free once settled, plus those of the victims on it unless they
+        are ``stopping`` already (then counted there), are at least ``gpus``. The host holding most of
+        the victims' GPUs with room wins (then the best fit, then by name), so the fleet keeps its free
+        hosts for others; else the host a job without victims would get (:meth:`host_for`). Asked
+        again in later cycles while the victims stop, it gives the same host.
+        """
+        freed: dict[str, int] = defaultdict(int)
+        for victim in victims:
+            freed[victim.host] += victim.gpus
+        best: tuple | None = None
+        for name, gpus_freed in freed.items():
+            room = self.free_settled[name] + (0 if stopping else gpus_freed)
+            if room >= gpus and name not in self.down:
+                key = (-gpus_freed, room - gpus, name)
+                if best is None or key < best:
+                    best = key
+        return self.host_for(gpus) if best is None else best[2]
+
     def admit(self, host: str, gpus: int) -> None:
         self._change(host, -gpus, -gpus)
 
@@ -122,15 +146,6 @@ class Placement:
         if len(order) > _HOSTS_SHOWN:
             shown += f" and {len(order) - _HOSTS_SHOWN} others"
         return f"no host has {gpus} free {'GPU' if gpus == 1 else 'GPUs'} ({why}; hosts {shown} in use)"
-
-
-def victims_host(victims: Iterable[Job]) -> str:
-    """The host a held job waits on: its victims'. The victim search picks them all on one host; for a
-    state where they are not (chosen under other rules), the host holding most of their GPUs, then by name."""
-    held: dict[str, int] = defaultdict(int)
-    for victim in victims:
-        held[victim.host] += victim.gpus
-    return min(held, key=lambda name: (-held[name], name))
 
 
 def _gpus(count: int) -> str:

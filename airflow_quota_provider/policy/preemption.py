@@ -5,13 +5,13 @@ ones in reverse order of choice (skipping the last) and give back each whose ret
 room. It runs on the decision's live :class:`Usage` and always restores it, so deciding stays apart
 from acting: the caller applies the victims it accepts.
 
-With hosts, a job's GPUs are all on one host, so its victims are too: the same search runs per host
-over that host's candidates, and a set fits only when the quota arithmetic fits *and* the host's
-GPUs free once settled (:mod:`.placement`) plus the victims' make room for the job. Of the hosts
-where a set is found, the one whose set costs least
-(:func:`~airflow_quota_provider.policy.ordering.victim_set_order`) wins. A victim on another host
-that only the quota arithmetic would need is never chosen: a job whose quota needs a reclaim of GPUs
-on one host while it has room only on another waits.
+With hosts, a job's GPUs are all on one host, but the quota arithmetic is queue-wide: a set fits
+when the quota arithmetic fits with all its victims, wherever they run, *and* one host's GPUs free
+once settled (:mod:`.placement`) plus those of the victims on it make room for the job. The search
+first takes the set it would take without hosts; if that leaves room on some host (an idle one, or
+the one its victims free), it is the answer, so hosts never cost an extra victim that placement does
+not force. Otherwise each host is searched for the set that also makes room there, and the cheapest
+set (:func:`~airflow_quota_provider.policy.ordering.victim_set_order`) wins.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def find_victims(
     """Victims (in order of choice, each with its reason) that make ``preemptor`` fit, or None.
 
     ``phases`` comes from :func:`search_phases`, possibly narrowed by the caller. With ``placement``
-    (hosts) the victims are all on one host, the one the preemptor will run on. With cohorts, phase 1
+    (hosts) some host has room for the preemptor once they are gone
+    (:meth:`~.placement.Placement.host_for_preemptor` says which). With cohorts, phase 1
     lets the quota itself borrow within its cohort when ``may_borrow`` (the borrowing pass), as long
     as each level it reclaims at ends within its share.
     """
@@ -66,25 +67,28 @@ def find_victims(
     for borrow in phases:
         if not may_find(preemptor.priority, preemptor.gpus, own, quota, usage, borrow=borrow):
             continue
-        if placement is None:
-            victims = _minimal_set(preemptor, quota, usage, candidates, borrow=borrow, may_borrow=may_borrow)
-        else:
-            victims = _on_one_host(preemptor, quota, usage, candidates, placement, borrow=borrow, may_borrow=may_borrow)
+        victims = _minimal_set(preemptor, quota, usage, candidates, borrow=borrow, may_borrow=may_borrow)
+        if victims and placement is not None and placement.host_for_preemptor(
+            preemptor.gpus, (victim for victim, _ in victims), stopping=False
+        ) is None:
+            victims = _making_room(preemptor, quota, usage, candidates, placement, borrow=borrow, may_borrow=may_borrow)
         if victims:
             return victims
     return None
 
 
-def _on_one_host(
+def _making_room(
     preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, placement: Placement, *, borrow: bool, may_borrow: bool
 ) -> Victims | None:
-    """The cheapest set over the hosts.
+    """The cheapest set over the hosts that also makes room on one, when the set without hosts
+    leaves room on none (so every host's set holds a victim on that host).
 
     The walk goes through all candidates in the search's order (cheapest first) and searches each
     host when its cheapest candidate comes up, skipping hosts whose candidates cannot free enough
     GPUs whatever the rules. It stops at the first candidate costlier than the best set's costliest
     victim: a host whose candidates all cost more cannot have a cheaper set. So it finds the set an
     exhaustive search over the hosts would, at the cost of a few hosts' searches, not a fleet's.
+    Ties (two hosts' sets of the same victims) go to the host met first.
     """
     best: Victims | None = None
     best_key: tuple = ()
@@ -138,8 +142,9 @@ def _minimal_set(
     host: str | None = None,
     room: int = 0,
 ) -> Victims | None:
-    """With ``host``, only its candidates, and the victims must also free what its ``room`` (GPUs free
-    once settled) lacks for the job.
+    """With ``host``, the victims must also free what its ``room`` (GPUs free once settled) lacks for
+    the job: its candidates are taken first, in order, until they do, then any until the quota
+    arithmetic fits, and the give-back keeps both conditions.
 
     With cohorts, ``levels`` counts the reclaim victims per level of the preemptor's path (0: its
     quota, the level of a victim: the preemptor's side of their lowest common cohort): each level
@@ -150,21 +155,35 @@ def _minimal_set(
     levels = None if tree is None else [0] * len(tree.path[quota.name])
     fit_borrow = may_borrow if levels is not None and not borrow else borrow
     chosen: Victims = []
-    freed = 0
-    fits = False
-    if host is None:
-        offered = candidates.for_preemptor(preemptor, quota, usage, borrow=borrow)
-    else:
-        offered = candidates.on_host(preemptor, quota, usage, host, borrow=borrow)
-    for candidate, reason in offered:
+    freed = 0  # on ``host``
+
+    def take(candidate: Job, reason: str) -> bool:
+        """Choose ``candidate``; whether the quota arithmetic fits now."""
+        nonlocal freed
         usage.remove(candidate.quota, candidate.gpus)
         chosen.append((candidate, reason))
-        freed += candidate.gpus
+        if host is None or candidate.host == host:
+            freed += candidate.gpus
         if levels is not None and reason == RECLAIM:
             levels[tree.relation(quota.name, candidate.quota)[0]] += 1
-        if freed >= lacking and usage.fits(quota.name, preemptor.gpus, borrow=fit_borrow, within=levels):
-            fits = True
-            break
+        return usage.fits(quota.name, preemptor.gpus, borrow=fit_borrow, within=levels)
+
+    fits = False
+    chosen_ids: set[str] = set()
+    if lacking > 0:
+        # Room first: the host's candidates in order until they free what it lacks. Taking the quota's
+        # victims first could spend a borrowing quota's excess on another host, leaving none to reclaim here.
+        for candidate, reason in candidates.on_host(preemptor, quota, usage, host, borrow=borrow):
+            quota_fits = take(candidate, reason)
+            if freed >= lacking:
+                fits = quota_fits
+                break
+        chosen_ids = {victim.id for victim, _ in chosen}
+    if freed >= lacking and not fits:
+        for candidate, reason in candidates.for_preemptor(preemptor, quota, usage, borrow=borrow):
+            if candidate.id not in chosen_ids and take(candidate, reason):
+                fits = True
+                break
     if fits:
         given_back = set()
         for index in range(len(chosen) - 2, -1, -1):
@@ -173,9 +192,10 @@ def _minimal_set(
             level = tree.relation(quota.name, candidate.quota)[0] if levels is not None and reason == RECLAIM else None
             if level is not None:
                 levels[level] -= 1
-            if freed - candidate.gpus >= lacking and usage.fits(quota.name, preemptor.gpus, borrow=fit_borrow, within=levels):
+            here = candidate.gpus if host is None or candidate.host == host else 0
+            if freed - here >= lacking and usage.fits(quota.name, preemptor.gpus, borrow=fit_borrow, within=levels):
                 given_back.add(index)
-                freed -= candidate.gpus
+                freed -= here
             else:
                 usage.remove(candidate.quota, candidate.gpus)
                 if level is not None:

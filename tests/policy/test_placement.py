@@ -92,7 +92,7 @@ PREEMPTION = [
         .run("v2", "a", 2, 1, host="h2").run("k2", "a", 2, 9, host="h2")
         .wait("p", "a", 4, 5).build(),
         {}, [],
-        id="victims are all on one host: two victims on two hosts do not make room",
+        id="two victims on two hosts do not make room for a 4-GPU job on either",
     ),
     pytest.param(
         queue(8).quota("a", 8).host("h1", 4).host("h2", 4)
@@ -100,7 +100,7 @@ PREEMPTION = [
         .run("v3", "a", 2, 1, host="h2", started_at=9).run("k2", "a", 2, 9, host="h2")
         .wait("p", "a", 4, 5).build(),
         {}, [("v2", "p", "within_quota"), ("v1", "p", "within_quota")],
-        id="victims are all on one host: the host whose candidates make room",
+        id="the host whose candidates make room",
     ),
     pytest.param(
         queue(8).quota("a", 8).host("h1", 4).host("h2", 4)
@@ -129,6 +129,52 @@ PREEMPTION = [
 @pytest.mark.parametrize(("state", "admit", "preempt"), PREEMPTION)
 def test_preemption(state, admit, preempt):
     placed(state, admit, preempt)
+
+
+# The quota arithmetic is queue-wide: victims it needs may be on any host, and only the room the job
+# needs on its host may ask for more.
+VICTIMS_ACROSS_HOSTS = [
+    pytest.param(
+        # The fleet: c reserves 2 GPUs it does not use, so a may have 2 of the 4 free ones and
+        # reclaims 2 of b's; the idle h2 has room for it.
+        queue(10).quota("a", 4).quota("b", 4).quota("c", 2, sharing="reserve")
+        .host("h1", 4).host("h2", 4).host("h3", 2)
+        .run("b1", "b", 1, host="h1", started_at=1).run("b2", "b", 1, host="h1", started_at=2)
+        .run("b3", "b", 1, host="h1", started_at=3).run("b4", "b", 1, host="h1", started_at=4)
+        .run("b5", "b", 1, host="h3", started_at=5).run("b6", "b", 1, host="h3", started_at=6)
+        .wait("p", "a", 4, 50, preemptible=False).build(),
+        "h2", [("b6", "p", "reclaim"), ("b5", "p", "reclaim")],
+        id="a reclaim takes the victims its quota needs and goes to the idle host, not every job on a full host",
+    ),
+    pytest.param(
+        # a needs 2 of b's GPUs back (c's free one is not lent); h1 has 1 free and b1, so p waits on h1
+        # and b2 on h2 goes for the quota.
+        queue(8).quota("a", 3).quota("b", 4).quota("c", 1, sharing="reserve")
+        .host("h1", 4).host("h2", 4)
+        .run("b1", "b", 1, host="h1", started_at=2).run("a1", "a", 1, 9, host="h1").run("kb1", "b", 1, host="h1", preemptible=False)
+        .run("b2", "b", 1, host="h2", started_at=9).run("kb2", "b", 3, host="h2", preemptible=False)
+        .wait("p", "a", 2, 5).build(),
+        "h1", [("b2", "p", "reclaim"), ("b1", "p", "reclaim")],
+        id="the quota needs a victim on another host than the one with room",
+    ),
+    pytest.param(
+        # b3 alone brings b back within its capacity, and frees 2 GPUs on h2 where k stays: room for p
+        # is on h1, where both of b's jobs must go; then b3 is not needed.
+        queue(8).quota("a", 4).quota("b", 4)
+        .host("h1", 4).host("h2", 4)
+        .run("b1", "b", 2, host="h1", started_at=1).run("b2", "b", 2, host="h1", started_at=2)
+        .run("b3", "b", 2, host="h2", started_at=3).run("k", "b", 2, host="h2", preemptible=False)
+        .wait("p", "a", 4, 50).build(),
+        "h1", [("b2", "p", "reclaim"), ("b1", "p", "reclaim")],
+        id="placement forces victims on the host with room, and the quota's cheaper victim elsewhere is not taken",
+    ),
+]
+
+
+@pytest.mark.parametrize(("state", "host", "preempt"), VICTIMS_ACROSS_HOSTS)
+def test_victims_across_hosts(state, host, preempt):
+    decision = placed(state, {}, preempt)
+    assert reason_of(decision, "p").endswith(f"GPUs on {host} are held for it"), reason_of(decision, "p")
 
 
 def test_a_preemptor_waits_on_its_victims_host_with_its_gpus_held_there():

@@ -12,7 +12,7 @@ import random
 import re
 from dataclasses import replace
 
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from airflow_quota_provider.policy import Cohort, Host, Job, PreemptionPolicy, Quota, State, decide
@@ -422,8 +422,8 @@ def test_with_cohorts_the_same_input_always_gives_the_same_decision(state, rng: 
 @st.composite
 def host_states(draw, *, tree: bool = False) -> State:
     """A queue with 1-4 hosts of 1-8 GPUs (summing to at most its capacity: the rest is lost hosts),
-    each running job on a host with room for it, and each preemptor's stopping victims on one host;
-    with ``tree``, its quotas in cohorts."""
+    each running job on a host with room for it, a preemptor's stopping victims on any hosts; with
+    ``tree``, its quotas in cohorts."""
     quota_list = draw(quotas())
     cohorts: tuple[Cohort, ...] = ()
     if tree:
@@ -433,7 +433,6 @@ def host_states(draw, *, tree: bool = False) -> State:
     owned = sum(q.capacity for q in quota_list) + sum(c.capacity for c in cohorts)
     capacity = max(1, owned + draw(st.integers(0, 4)), sum(h.gpus for h in hosts))
     on_host = dict.fromkeys((h.name for h in hosts), 0)
-    victims_on: dict[str, str] = {}
     used = dict.fromkeys(by_name, 0)
     running = []
     for index in range(draw(st.integers(0, 12))):
@@ -442,15 +441,13 @@ def host_states(draw, *, tree: bool = False) -> State:
         host = draw(st.sampled_from(hosts))
         preempted_for = f"p{draw(st.integers(0, 7))}" if draw(st.integers(0, 5)) == 0 else None
         trial = dict(used, **{name: used[name] + gpus})
-        if on_host[host.name] + gpus > host.gpus or victims_on.get(preempted_for, host.name) != host.name:
+        if on_host[host.name] + gpus > host.gpus:
             continue
         if preempted_for is None and not balanced(trial, by_name, capacity, cohorts=cohorts):
             continue
         on_host[host.name] += gpus
         if preempted_for is None:
             used = trial
-        else:
-            victims_on[preempted_for] = host.name
         running.append(
             Job(
                 id=f"r{index}",
@@ -521,16 +518,31 @@ def test_with_hosts_and_cohorts_no_node_and_no_host_is_exceeded(state):
 
 
 @given(host_states())
-def test_each_preemptors_victims_are_on_one_host_and_no_job_is_larger_than_the_largest_host(state):
+def test_no_job_larger_than_the_largest_host_is_admitted_or_waits(state):
     decision = decide(state, NOW)
-    running = {job.id: job for job in state.running}
-    hosts: dict[str, set[str]] = {}
-    for preemption in decision.preempt:
-        hosts.setdefault(preemption.for_, set()).add(running[preemption.id].host)
-    assert all(len(on) == 1 for on in hosts.values()), hosts
     largest = max(h.gpus for h in state.hosts)
     rejected = {r.id for r in decision.reject}
     assert all(job.id in rejected for job in state.pending if job.gpus > largest)
+
+
+@given(st.booleans().flatmap(lambda tree: host_states(tree=tree)))
+def test_with_hosts_a_job_has_the_victims_it_has_without_them_unless_placement_forces_more(state):
+    """One waiting job, decided with hosts and without (one implicit host of the capacity): where the
+    victims it gets without hosts leave room on some host once they and every stopping job are gone,
+    it gets exactly those victims with hosts (which hosts hold them does not matter)."""
+    assume(state.pending)
+    job = state.pending[0]
+    state = replace(state, pending=(job,))
+    plain = decide(replace(state, hosts=None, running=tuple(replace(j, host=None) for j in state.running)), NOW)
+    victims = {p.id for p in plain.preempt}
+    room = {h.name: h.gpus for h in state.hosts}
+    for running in state.running:
+        if running.preempted_for is None and running.id not in victims:
+            room[running.host] -= running.gpus
+    placed = decide(state, NOW)
+    if max(room.values()) >= job.gpus:
+        assert {p.id for p in placed.preempt} == victims, (plain, placed)
+    assert [p.to_dict() for p in decide(state, NOW).preempt] == [p.to_dict() for p in placed.preempt]
 
 
 @given(host_states(), st.randoms())
