@@ -16,8 +16,9 @@ The contract with the executor, which launches the task process:
   notice also carries ``"fail": true`` and a ``"message"``: the command is stopped the same way,
   then the task fails with that message (``AirflowFailException``, no retry).
 
-The operator runs ``command`` in its own process group with ``QUOTA_CHECKPOINT_DIR``,
-``QUOTA_RESUME_FROM`` (the newest checkpoint in it, or empty) and ``QUOTA_PREEMPTION_COUNT``, polls
+The operator runs ``command`` in its own process group with ``QUOTA_CHECKPOINT_DIR`` (this
+attempt's own directory), ``QUOTA_RESUME_FROM`` (the checkpoint it resumes from, or empty) and
+``QUOTA_PREEMPTION_COUNT``, polls
 the preempt file every half second and, when it appears, sends SIGTERM to the command, waits up to
 the grace period for it to write a checkpoint and exit, then SIGKILLs what is left. It then renames
 the preempt file to ``<file>.handled`` and raises ``AirflowRescheduleException``: the task instance
@@ -43,17 +44,24 @@ checkpoint directories of all task instances live; a task instance's is
   failed or was preempted, the checkpoints it wrote there are uploaded (after a preemption only the
   newest one, within what is left of the grace period) and the working directory is removed.
   Checkpoints reach the store only when the command has exited.
+
+Checkpoints are fenced per attempt (:func:`claim_attempt`): each run of the command writes to a
+directory of its own, ``attempt-<n>`` in the task instance's, and resumes from the newest checkpoint
+of the newest attempt before it that wrote one (:func:`latest_checkpoint`), so that a run given up
+on a lost host that still writes can neither overwrite nor become the resume point of a newer one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -95,6 +103,10 @@ DEADLINE_MARGIN_S = 1.0
 HANDLED_SUFFIX = ".handled"
 #: Checkpoint names ending so (or starting with ``.``) are writes in progress, never resumed from.
 IN_PROGRESS_SUFFIXES = (".tmp", ".partial")
+#: A task instance's checkpoint directory holds one directory per attempt (a run of the command).
+ATTEMPT_DIR = re.compile(r"^attempt-(\d+)$")
+#: In an attempt's directory: the checkpoint it resumed from, relative to the task instance's directory.
+RESUMED_FROM_FILE = ".resumed-from"
 #: URL schemes of the local filesystem: such a checkpoint root is used in place, not synced.
 LOCAL_SCHEMES = ("file", "local")
 
@@ -307,11 +319,15 @@ def _is_checkpoint_name(name: str) -> bool:
 
 def latest_checkpoint(checkpoint_dir: Path | ObjectStoragePath | str) -> Path | ObjectStoragePath | None:
     """
-    The newest checkpoint in ``checkpoint_dir``: the entry modified last, ties broken by name.
+    The checkpoint that a next attempt of the task instance whose checkpoints live in
+    ``checkpoint_dir`` resumes from: the newest checkpoint of its newest attempt that wrote one
+    (:func:`claim_attempt`), never one that an older attempt wrote after a newer one started; in a
+    directory without attempts, its newest checkpoint.
 
-    An entry is a file or a directory directly in ``checkpoint_dir``. Names starting with ``.`` or
-    ending in ``.tmp``/``.partial`` are in-progress writes and are ignored; scripts should write a
-    temporary name and ``os.replace`` it into place.
+    The newest checkpoint of a directory is the entry modified last, ties broken by name. An entry
+    is a file or a directory directly in it. Names starting with ``.`` or ending in
+    ``.tmp``/``.partial`` are in-progress writes and are ignored; scripts should write a temporary
+    name and ``os.replace`` it into place.
 
     ``checkpoint_dir`` is a local path, or a URL as :func:`checkpoint_location` reads it (a
     ``file://`` URL is a local path). In an object store, an entry's modification time is the time
@@ -324,19 +340,71 @@ def latest_checkpoint(checkpoint_dir: Path | ObjectStoragePath | str) -> Path | 
     Returns a ``Path`` for a local directory, an ``ObjectStoragePath`` for an object store.
     """
     location = checkpoint_dir if isinstance(checkpoint_dir, Path) else checkpoint_location(checkpoint_dir)
-    if not isinstance(location, Path):
-        entries = _store_entries(location)
-        if not entries:
-            return None
-        name = max(entries, key=lambda n: (entries[n].mtime, n))
-        return location / name
-    try:
-        entries = [p for p in location.iterdir() if _is_checkpoint_name(p.name)]
-    except FileNotFoundError:
-        return None
-    if not entries:
-        return None
-    return max(entries, key=lambda p: (p.stat().st_mtime_ns, p.name))
+    return _resolve(location, _resume_point(location, _entries(location)))
+
+
+def claim_attempt(
+    checkpoint_dir: Path | ObjectStoragePath,
+) -> tuple[Path | ObjectStoragePath, Path | ObjectStoragePath | None]:
+    """
+    Start a new attempt of the task instance whose checkpoints live in ``checkpoint_dir``: return
+    the directory of its own it writes its checkpoints to, ``attempt-<n>`` (one more than the newest
+    there), and the checkpoint it resumes from (:func:`latest_checkpoint`, recorded in that
+    directory). An attempt that was given up (its host lost, say) but still runs somewhere writes
+    only to its own directory: it can neither overwrite a newer attempt's checkpoints nor become
+    the resume point of any attempt that starts after the newer one did.
+    """
+    while True:
+        entries = _entries(checkpoint_dir)
+        attempts = _attempts(entries)
+        number = int(ATTEMPT_DIR.match(attempts[0])[1]) + 1 if attempts else 1
+        resume = _resume_point(checkpoint_dir, entries)
+        attempt = checkpoint_dir / f"attempt-{number:05d}"
+        if not isinstance(checkpoint_dir, Path):
+            # A store has no exclusive create, and needs none: two attempts of one task instance
+            # never start at once (a stale one is long started when the next one claims).
+            (attempt / RESUMED_FROM_FILE).write_text(resume or "")
+            return attempt, _resolve(checkpoint_dir, resume)
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        claim = Path(tempfile.mkdtemp(prefix=".attempt-", dir=checkpoint_dir))
+        (claim / RESUMED_FROM_FILE).write_text(resume or "")
+        try:
+            claim.rename(attempt)  # atomic, and refused when that attempt exists (it is never empty)
+            return attempt, _resolve(checkpoint_dir, resume)
+        except OSError as e:
+            shutil.rmtree(claim, ignore_errors=True)
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+
+
+def _attempts(entries: Mapping[str, _StoreEntry]) -> list[str]:
+    """The attempt directories among ``entries``, newest first."""
+    names = [name for name, entry in entries.items() if entry.is_dir and ATTEMPT_DIR.match(name)]
+    return sorted(names, key=lambda name: int(ATTEMPT_DIR.match(name)[1]), reverse=True)
+
+
+def _newest(entries: Mapping[str, _StoreEntry]) -> str | None:
+    """The name of the newest checkpoint among ``entries`` (not an attempt's directory)."""
+    names = [name for name in entries if _is_checkpoint_name(name) and not ATTEMPT_DIR.match(name)]
+    return max(names, key=lambda name: (entries[name].mtime, name)) if names else None
+
+
+def _resume_point(checkpoint_dir: Path | ObjectStoragePath, entries: Mapping[str, _StoreEntry]) -> str | None:
+    """:func:`latest_checkpoint`, relative to ``checkpoint_dir`` (whose entries are ``entries``)."""
+    for name in _attempts(entries):
+        inside = _entries(checkpoint_dir / name)
+        if (newest := _newest(inside)) is not None:
+            return f"{name}/{newest}"
+        if RESUMED_FROM_FILE in inside:  # wrote none: it resumes the chain where it took it up
+            return (checkpoint_dir / name / RESUMED_FROM_FILE).read_text().strip() or None
+        # Neither: an attempt that died as it was claimed; the one before it is the chain's end.
+    return _newest(entries)
+
+
+def _resolve(
+    checkpoint_dir: Path | ObjectStoragePath, relative: str | None
+) -> Path | ObjectStoragePath | None:
+    return checkpoint_dir.joinpath(*relative.split("/")) if relative else None
 
 
 def checkpoint_location(
@@ -437,7 +505,7 @@ class _StoreEntry:
 
 
 def _store_entries(directory: ObjectStoragePath) -> dict[str, _StoreEntry]:
-    """The checkpoint entries directly in ``directory`` of an object store, from one recursive listing."""
+    """Every entry directly in ``directory`` of an object store, from one recursive listing."""
     fs = directory.fs
     base = fs._strip_protocol(directory.path).rstrip("/")
     try:
@@ -450,11 +518,25 @@ def _store_entries(directory: ObjectStoragePath) -> dict[str, _StoreEntry]:
         if not path.startswith(f"{base}/"):
             continue
         name, _, rest = path[len(base) + 1 :].partition("/")
-        if not _is_checkpoint_name(name):
-            continue
         mtime = _object_mtime(fs, path, info)
         known = entries.get(name)
         entries[name] = _StoreEntry(max(mtime, known.mtime) if known else mtime, bool(rest))
+    return entries
+
+
+def _entries(directory: Path | ObjectStoragePath) -> dict[str, _StoreEntry]:
+    """Every entry directly in ``directory``, local or in an object store, with its modification time."""
+    if not isinstance(directory, Path):
+        return _store_entries(directory)
+    entries = {}
+    try:
+        paths = list(directory.iterdir())
+    except FileNotFoundError:
+        return {}
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):  # removed since the listing
+            st = path.stat()
+            entries[path.name] = _StoreEntry(st.st_mtime_ns, stat.S_ISDIR(st.st_mode))
     return entries
 
 
@@ -486,8 +568,10 @@ class CheckpointSync:
     """
     A task instance's checkpoint directory in an object store, mirrored to a local working directory.
 
-    The command only sees ``local``. :meth:`download_latest` fetches the newest checkpoint of the
-    store into it; :meth:`upload_new` uploads what the command added or changed since. Files are
+    The command only sees ``local``. :meth:`download_latest` claims the run's attempt in the store
+    (:func:`claim_attempt`) and fetches the checkpoint it resumes from into ``local``;
+    :meth:`upload_new` uploads what the command added or changed since to the attempt's own
+    directory in the store. Files are
     uploaded as one object each (a put is atomic in object stores); a directory is uploaded under
     ``.<name>.partial`` and then moved into place, so that no reader resumes from half of it.
     """
@@ -495,6 +579,8 @@ class CheckpointSync:
     def __init__(self, remote: ObjectStoragePath, local: Path) -> None:
         self.remote = remote
         self.local = local
+        self.attempt: ObjectStoragePath | None = None
+        """This run's own directory in the store (``remote/attempt-<n>``), once claimed."""
         self.latest: ObjectStoragePath | None = None
         """The newest checkpoint in the store as this run knows it: downloaded, then last uploaded."""
         self.checked = False
@@ -508,45 +594,47 @@ class CheckpointSync:
             return {}
 
     def download_latest(self, log) -> Path | None:
-        """Download the store's newest checkpoint into ``local``; return the local copy, or None."""
+        """Claim this run's attempt in the store and download the checkpoint it resumes from into
+        ``local``; return the local copy, or None."""
         self.local.mkdir(parents=True, exist_ok=True)
-        entries = _store_entries(self.remote)
+        self.attempt, source = claim_attempt(self.remote)
         self.checked = True
-        if entries:
-            name = max(entries, key=lambda n: (entries[n].mtime, n))
-            source, target = self.remote / name, self.local / name
-            partial = self.local / f".{name}.partial"
+        target = None
+        if source is not None:
+            target, partial = self.local / source.name, self.local / f".{source.name}.partial"
             started = time.monotonic()
-            fs = self.remote.fs
-            if entries[name].is_dir:
-                fs.get(fs._strip_protocol(source.path), str(partial), recursive=True)
+            fs, path = source.fs, source.fs._strip_protocol(source.path)
+            if fs.isdir(path):
+                fs.get(path, str(partial), recursive=True)
             else:
-                fs.get_file(fs._strip_protocol(source.path), str(partial))
+                fs.get_file(path, str(partial))
             os.replace(partial, target)
             self.latest = source
             log.info("Downloaded checkpoint %s to %s in %.1fs", source, target, time.monotonic() - started)
         self._baseline = {name: _local_signature(p) for name, p in self._local_entries().items()}
-        return latest_checkpoint(self.local) if entries else None
+        return target
 
     def upload_new(self, log, *, only_newest: bool = False) -> list[ObjectStoragePath]:
         """
-        Upload the checkpoints written or changed in ``local`` since the download, oldest first, so
-        that the newest is also the newest in the store; ``only_newest``: that one alone (after a
-        preemption, when the grace period is short). Return what was uploaded.
+        Upload the checkpoints written or changed in ``local`` since the download to this run's
+        attempt in the store, oldest first, so that the newest is also the newest there;
+        ``only_newest``: that one alone (after a preemption, when the grace period is short). Return
+        what was uploaded.
         """
+        assert self.attempt is not None, "download_latest claims the attempt first"
         changed = [
             p for name, p in self._local_entries().items() if self._baseline.get(name) != _local_signature(p)
         ]
         changed.sort(key=lambda p: (_local_signature(p)[0], p.name))
         if only_newest:
             changed = changed[-1:]
-        fs = self.remote.fs
+        fs = self.attempt.fs
         uploaded = []
         for path in changed:
             started = time.monotonic()
-            target = self.remote / path.name
+            target = self.attempt / path.name
             if path.is_dir():
-                partial = fs._strip_protocol((self.remote / f".{path.name}.partial").path)
+                partial = fs._strip_protocol((self.attempt / f".{path.name}.partial").path)
                 with contextlib.suppress(FileNotFoundError):
                     fs.rm(partial, recursive=True)
                 fs.put(str(path), partial, recursive=True)
@@ -588,10 +676,16 @@ class QuotaRun:
 
     @classmethod
     def prepare(
-        cls, *, checkpoint_dir: Path, grace_period_s: float | None, sync: CheckpointSync | None = None
+        cls,
+        *,
+        checkpoint_dir: Path,
+        grace_period_s: float | None,
+        resume_from: Path | None = None,
+        sync: CheckpointSync | None = None,
     ) -> QuotaRun:
         """
-        Read the executor's environment and the checkpoint directory (created if missing). With
+        Read the executor's environment; ``checkpoint_dir`` (created if missing) is where this run
+        writes, ``resume_from`` what it resumes from (:func:`claim_attempt` gives both). With
         ``sync`` the directory is its local working copy, empty until :meth:`fetch_checkpoint`.
         """
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -602,7 +696,7 @@ class QuotaRun:
         count = os.environ.get(ENV_PREEMPTION_COUNT, "0")
         return cls(
             checkpoint_dir=checkpoint_dir,
-            resume_from=latest_checkpoint(checkpoint_dir),
+            resume_from=resume_from,
             preemption_count=int(count) if count.isdigit() else 0,
             grace_period_s=env_grace if env_grace > 0 else (grace_period_s or DEFAULT_GRACE_PERIOD_S),
             preempt_file=Path(os.environ[ENV_PREEMPT_FILE]) if os.environ.get(ENV_PREEMPT_FILE) else None,
@@ -612,7 +706,8 @@ class QuotaRun:
         )
 
     def fetch_checkpoint(self, log) -> None:
-        """With an object store: download its newest checkpoint, which becomes ``resume_from``."""
+        """With an object store: claim this run's attempt there and download the checkpoint it
+        resumes from, which becomes ``resume_from``."""
         if self.sync is None:
             return
         try:
@@ -649,7 +744,7 @@ class QuotaRun:
         """The checkpoint a next run would resume from: in the store, as far as this run knows it."""
         if self.sync is not None:
             return self.sync.latest
-        return latest_checkpoint(self.checkpoint_dir)
+        return latest_checkpoint(self.checkpoint_dir) or self.resume_from  # wrote none: the one it resumed
 
     @property
     def preempt_requested(self) -> bool:
@@ -749,13 +844,15 @@ class QuotaTaskMixin:
         location = (
             checkpoint_location(self.checkpoint_dir) if self.checkpoint_dir else _default_checkpoint_dir(context)
         )
-        sync = None
-        if not isinstance(location, Path):
+        if isinstance(location, Path):
+            sync, (attempt, resume_from) = None, claim_attempt(location)
+        else:  # claimed by fetch_checkpoint, whose errors name the store
             work = Path(_state_dir(), "checkpoint-sync", *_task_instance_parts(context))
             work.mkdir(parents=True, exist_ok=True)
             sync = CheckpointSync(location, Path(tempfile.mkdtemp(prefix="run-", dir=work)))
+            attempt, resume_from = sync.local, None
         run = QuotaRun.prepare(
-            checkpoint_dir=sync.local if sync else location, grace_period_s=self.grace_period, sync=sync
+            checkpoint_dir=attempt, grace_period_s=self.grace_period, resume_from=resume_from, sync=sync
         )
         if run.poll_preemption() is not None:
             self.log.warning("Preempted before the %s started", what)
@@ -770,7 +867,7 @@ class QuotaTaskMixin:
             run.cuda_visible_devices,
             self.priority,
             run.checkpoint_dir,
-            f" (synced with {sync.remote})" if sync else "",
+            f" (synced with {sync.attempt})" if sync else "",
             run.resume_from or "(nothing: fresh start)",
         )
         return run

@@ -90,4 +90,4 @@ def test_inference_example_runs_its_mapped_shards_with_a_checkpoint_dir_each(tmp
     shard_dirs = sorted((home.root / "quota" / "checkpoints" / "quota_inference_eval").glob("*/evaluate/*"))
     assert [d.name for d in shard_dirs] == ["0", "1", "2", "3"]
     for d in shard_dirs:
-        assert json.loads(sorted(d.glob("progress-*.json"))[-1].read_text())["batch"] == 30
+        assert json.loads(sorted(d.glob("attempt-*/progress-*.json"))[-1].read_text())["batch"] == 30

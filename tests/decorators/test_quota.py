@@ -214,7 +214,7 @@ with DAG("deco_store", schedule=None) as dag:
     @task
     def list_store():
         with open({listing!r}, "w") as f:
-            json.dump(sorted(fsspec.filesystem("memory").find("/deco-bucket")), f)
+            json.dump(sorted(p for p in fsspec.filesystem("memory").find("/deco-bucket") if "/." not in p), f)
 
     interrupted() >> list_store()
 """

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -33,6 +34,7 @@ from airflow.sdk.exceptions import AirflowException
 from airflow.sdk.io import attach
 
 from airflow_quota_provider.operators.training import (
+    RESUMED_FROM_FILE,
     QuotaTaskArgumentError,
     QuotaTrainingOperator,
     _default_checkpoint_dir,
@@ -78,10 +80,10 @@ def _context(dag_id="train_dag", run_id="manual__2026-01-01T00:00:00+00:00", tas
 
 
 def _store_files(url: str) -> list[str]:
-    """Every object under ``url``, relative to it."""
+    """Every object under ``url``, relative to it, but the attempts' records of where they resumed."""
     root = ObjectStoragePath(url)
     base = root.path.rstrip("/")
-    return sorted(p[len(base) + 1 :] for p in root.fs.find(base))
+    return sorted(p[len(base) + 1 :] for p in root.fs.find(base) if not p.endswith(f"/{RESUMED_FROM_FILE}"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,11 +223,14 @@ def test_a_run_on_another_host_resumes_from_the_newest_checkpoint_in_the_store(q
     task_dir = "train_dag/manual__2026-01-01T00_00_00+00_00/train"
 
     first = _host_run(quota_env, tmp_path, "host-a", "00000010 00000020")
-    assert first == f"{memory_store}/airflow/{task_dir}/ckpt-00000020.pt"  # XCom: the object's URL
-    assert _store_files(f"{memory_store}/airflow") == [f"{task_dir}/ckpt-00000010.pt", f"{task_dir}/ckpt-00000020.pt"]
+    assert first == f"{memory_store}/airflow/{task_dir}/attempt-00001/ckpt-00000020.pt"  # XCom: the object's URL
+    assert _store_files(f"{memory_store}/airflow") == [
+        f"{task_dir}/attempt-00001/ckpt-00000010.pt",
+        f"{task_dir}/attempt-00001/ckpt-00000020.pt",
+    ]
 
     second = _host_run(quota_env, tmp_path, "host-b", "00000030")
-    assert second == f"{memory_store}/airflow/{task_dir}/ckpt-00000030.pt"
+    assert second == f"{memory_store}/airflow/{task_dir}/attempt-00002/ckpt-00000030.pt"
     a, b = read_events(tmp_path / "events.jsonl")
     assert a["resume_from"] == "" and Path(a["dir"]).is_relative_to(tmp_path / "host-a" / "checkpoint-sync" / task_dir)
     assert Path(b["dir"]).is_relative_to(tmp_path / "host-b" / "checkpoint-sync" / task_dir)
@@ -269,8 +274,8 @@ def test_directory_checkpoints_are_synced_whole(quota_env, memory_store, tmp_pat
     command = 'mkdir -p "$QUOTA_CHECKPOINT_DIR/step-7" && echo w > "$QUOTA_CHECKPOINT_DIR/step-7/model.bin"'
     quota_env("state_dir", tmp_path / "host-a")
     op = QuotaTrainingOperator(task_id="train", quota="team-a", command=command, checkpoint_dir=f"{memory_store}/c")
-    assert op.execute(_context()) == f"{memory_store}/c/step-7"
-    assert _store_files(f"{memory_store}/c") == ["step-7/model.bin"]
+    assert op.execute(_context()) == f"{memory_store}/c/attempt-00001/step-7"
+    assert _store_files(f"{memory_store}/c") == ["attempt-00001/step-7/model.bin"]
 
     quota_env("state_dir", tmp_path / "host-b")
     op = QuotaTrainingOperator(
@@ -279,6 +284,81 @@ def test_directory_checkpoints_are_synced_whole(quota_env, memory_store, tmp_pat
     )  # fmt: skip
     op.execute(_context())
     assert (tmp_path / "resumed").read_text() == "w\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Fencing: an attempt given up (its host lost) that still runs never becomes a newer one's resume point
+
+
+def _write_checkpoints(*steps: str) -> str:
+    """Bash that writes each ``NAME=CONTENT`` as a checkpoint, as a script does (temporary name, then rename)."""
+    return "".join(
+        f'echo {content} > "$QUOTA_CHECKPOINT_DIR/.{name}.tmp"; '
+        f'mv "$QUOTA_CHECKPOINT_DIR/.{name}.tmp" "$QUOTA_CHECKPOINT_DIR/{name}"; '
+        for name, content in (step.split("=") for step in steps)
+    )
+
+
+RECORD_RESUMED = 'echo "$(cat "${{QUOTA_RESUME_FROM:-/dev/null}}")" >> {resumed}; '
+
+
+def _attempt(command: str):
+    return QuotaTrainingOperator(task_id="train", quota="team-a", command=f"set -e; {command}").execute(_context())
+
+
+def _read(checkpoint: str) -> str:
+    return (ObjectStoragePath(checkpoint) if "://" in checkpoint else Path(checkpoint)).read_text().strip()
+
+
+@pytest.mark.parametrize(
+    "newer_wrote_one",
+    [pytest.param(True, id="newer attempt checkpointed"), pytest.param(False, id="newer attempt wrote none")],
+)
+@pytest.mark.parametrize(
+    "where", [pytest.param("shared", id="shared directory"), pytest.param("store", id="object store")]
+)
+def test_a_stale_attempt_writing_after_a_newer_one_started_is_never_resumed_from(
+    quota_env, memory_store, tmp_path, where, newer_wrote_one
+):
+    """Attempt 1 is given up but runs on (its host was cut off) while attempt 2 runs; it writes two
+    checkpoints after attempt 2 started, one of them under a name attempt 2 used. Attempt 3 resumes
+    from attempt 2's checkpoint, or, when attempt 2 wrote none, from what attempt 2 resumed from:
+    attempt 1's first checkpoint in a shared directory; nothing in a store, which a command's
+    checkpoints reach only when it exits."""
+    quota_env("state_dir", tmp_path / "state")
+    root = str(tmp_path / "shared") if where == "shared" else f"{memory_store}/airflow"
+    quota_env("checkpoint_root", root)
+    started, go, resumed = tmp_path / "started", tmp_path / "go", tmp_path / "resumed"
+    stale_errors: list[BaseException] = []
+
+    def stale_attempt() -> None:
+        try:
+            _attempt(
+                _write_checkpoints("ckpt-010=a1@10")
+                + f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done; "  # runs on, given up
+                + _write_checkpoints("ckpt-020=a1@20", "ckpt-030=a1@30")
+            )
+        except BaseException as e:
+            stale_errors.append(e)
+
+    first = threading.Thread(target=stale_attempt)
+    first.start()
+    try:
+        wait_for(started.exists, "attempt 1 to checkpoint")
+        writes = _write_checkpoints("ckpt-020=a2@20") if newer_wrote_one else ""
+        second = _attempt(RECORD_RESUMED.format(resumed=resumed) + writes)
+    finally:
+        go.touch()
+        first.join(timeout=60)
+    assert not first.is_alive() and not stale_errors
+    _attempt(RECORD_RESUMED.format(resumed=resumed))
+
+    taken_up = "a1@10" if where == "shared" else ""  # what attempt 2 found when it started
+    assert resumed.read_text().split("\n")[:-1] == [taken_up, "a2@20" if newer_wrote_one else taken_up]
+    if newer_wrote_one:
+        assert _read(second) == "a2@20", "the stale attempt did not overwrite the newer one's checkpoint"
+    newest = latest_checkpoint(f"{root}/train_dag/manual__2026-01-01T00_00_00+00_00/train")
+    assert (newest and _read(str(newest))) == ("a2@20" if newer_wrote_one else taken_up or None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,11 +414,11 @@ def test_preempted_on_one_host_resumed_on_another_from_a_shared_directory(airflo
     assert [(a["state"], a["try_number"]) for a in result["attempts"]] == [("up_for_reschedule", 1), ("success", 1)]
     a, b = read_events(events)
     assert (a["state_dir"], b["state_dir"]) == (host_a, host_b)  # two hosts
-    assert a["dir"] == b["dir"]  # one directory, used in place on the shared storage
-    task_dir = Path(a["dir"])
+    task_dir = Path(a["dir"]).parent  # one directory, used in place on the shared storage
+    assert (Path(a["dir"]).name, b["dir"]) == ("attempt-00001", str(task_dir / "attempt-00002"))
     assert (task_dir.parent.parent.parent, task_dir.parent.parent.name, task_dir.name) == (shared, dag_id, "job")
     assert task_dir.parent.name.startswith("manual__")  # the run id, sanitised
-    assert a["resume_from"] == "" and b["resume_from"] == str(task_dir / "ckpt-2")
+    assert a["resume_from"] == "" and b["resume_from"] == str(task_dir / "attempt-00001" / "ckpt-2")
     assert not Path(host_a, "checkpoints").exists() and not Path(host_b, "checkpoints").exists()
 
 
@@ -365,7 +445,7 @@ with DAG({dag_id!r}, schedule=None) as dag:
     @task
     def list_store():
         with open({listing!r}, "w") as f:
-            json.dump(sorted(fsspec.filesystem("memory").find("/ckpt-bucket")), f)
+            json.dump(sorted(p for p in fsspec.filesystem("memory").find("/ckpt-bucket") if "/." not in p), f)
 
     train >> list_store()
 """
@@ -416,7 +496,8 @@ def test_preempted_training_uploads_its_checkpoint_and_resumes_from_the_store(ai
 
     stored = json.loads(listing.read_text())
     prefix = f"/ckpt-bucket/airflow/{dag_id}/"
-    assert all(p.startswith(prefix) and p.split("/")[-2] == "train" for p in stored)
+    assert all(p.startswith(prefix) and p.split("/")[-3] == "train" for p in stored)
+    assert {p.split("/")[-2] for p in stored} == {"attempt-00001", "attempt-00002"}
     names = sorted(Path(p).name for p in stored)
     first_run = [n for n in names if int(n[5:13]) <= stop_checkpoint["step"]]
     assert first_run == [Path(stop_checkpoint["path"]).name]  # preempted: only the newest was uploaded

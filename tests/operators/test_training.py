@@ -221,7 +221,8 @@ def test_preempted_training_checkpoints_is_rescheduled_and_resumes(airflow_home,
     stop_checkpoint = first[-2]
     assert stop_checkpoint["reason"] == "sigterm" and first[-1]["code"] == 143
     ckpt_dir = tmp_path / "ckpt" / dag_id / "train"  # checkpoint_dir was rendered
-    assert Path(stop_checkpoint["path"]).parent == ckpt_dir
+    assert Path(stop_checkpoint["path"]).parent == ckpt_dir / "attempt-00001"  # each attempt writes its own
+    assert Path(second[-2]["path"]).parent == ckpt_dir / "attempt-00002"
     assert starts[0]["resume_from"] == ""
     assert starts[1]["resume_from"] == stop_checkpoint["path"]
     assert starts[1]["start_step"] == stop_checkpoint["step"] > 0
@@ -344,7 +345,10 @@ def test_mapped_commands_run_as_quota_tasks_with_a_checkpoint_dir_per_map_index(
     result = airflow_home.start_dag_test("mapped_commands", supervise=False).wait()
     assert {k: v["state"] for k, v in result["final"].items()} == {"shard[0]": "success", "shard[1]": "success"}
     dirs = [Path((tmp_path / name).read_text().strip()) for name in ("a", "b")]
-    assert [(d.parent.name, d.name) for d in dirs] == [("shard", "0"), ("shard", "1")]
+    assert [(d.parent.parent.name, d.parent.name, d.name) for d in dirs] == [
+        ("shard", "0", "attempt-00001"),
+        ("shard", "1", "attempt-00001"),
+    ]
     assert all(d.is_dir() for d in dirs)
 
 
@@ -387,5 +391,5 @@ def test_cwd_and_a_checkpoint_dir_url_are_templated(airflow_home, tmp_path):
     )
     result = airflow_home.start_dag_test("templated_dirs", supervise=False).wait()
     assert result["final"]["job"]["state"] == "success"
-    assert (tmp_path / "out.txt").read_text().split() == [str(tmp_path), str(tmp_path / "ckpt" / "job")]
+    assert (tmp_path / "out.txt").read_text().split() == [str(tmp_path), str(tmp_path / "ckpt" / "job" / "attempt-00001")]
     assert QuotaTrainingOperator.template_fields == ("command", "checkpoint_dir", "env", "cwd")
