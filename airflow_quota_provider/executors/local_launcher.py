@@ -8,7 +8,7 @@ own child process. The launcher writes ``pid`` (the guard's) when it forks, the 
 null when it was killed) once nothing of the launch is left; a guard that vanishes without its exit
 file was killed.
 
-The supervisor The supervisor may notice that child's exit up to ``[workers] min_heartbeat_interval``
+The supervisor may notice its task child's exit up to ``[workers] min_heartbeat_interval``
 (5 s) late: when the task's sockets reach EOF a moment before the kernel reports its exit, it
 sleeps a full heartbeat interval before looking again. :meth:`LocalLauncher.task_exited` sees the
 exit at once, so that the GPUs are not held idle meanwhile.
