@@ -456,16 +456,13 @@ def set_priority(
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ValueError(f"priority: {priority!r} is not an integer")
     job = find_job(dag_id, run_id, task_id, map_index=map_index, session=session, active_only=True)
-    max_priority = None
     if quota_file is not None:
         try:
-            max_priority = quota_file.quota(job.quota).max_priority
+            above = quota_file.quota(job.quota).above_max_priority(priority)
         except PolicyError:
-            pass
-    if max_priority is not None and priority > max_priority:
-        raise ValueError(
-            f"priority: {priority} is above quota {job.quota}'s max_priority {max_priority}"
-        )
+            above = None
+        if above is not None:
+            raise ValueError(f"priority: {above}")
     old = job.priority
     job.priority = priority
     message = f"priority {old} -> {priority}" + (f" by {by}" if by else "")

@@ -20,6 +20,7 @@ from airflow_quota_provider.models.job import (
     record_event,
     release_devices,
 )
+from airflow_quota_provider.policy import PreemptionReason
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -103,7 +104,7 @@ def reject(job: QuotaJob, reason: str, *, now: float, session: Session) -> None:
 
 
 def begin_stop(
-    job: QuotaJob, *, preemptor: str, reason: str, deadline: float, fail_message: str | None, session: Session
+    job: QuotaJob, *, preemptor: str, reason: PreemptionReason, deadline: float, fail_message: str | None, session: Session
 ) -> None:
     """running -> stopping: told to stop by ``deadline``; it holds its devices until its process is gone."""
     _require(job, "preempt", JobState.RUNNING)
@@ -112,7 +113,7 @@ def begin_stop(
     job.preempt_fail_message = fail_message
     fields = dict(victim=job.job_id, preemptor=preemptor, reason=reason, host=job.host)
     record_event(EventKind.PREEMPTED, job=job, session=session, message=fail_message, **fields)
-    if reason == "reclaim":
+    if reason == PreemptionReason.RECLAIM:
         record_event(EventKind.RECLAIMED, job=job, session=session, **fields)
     if fail_message:
         record_event(EventKind.PREEMPTION_LIMIT_REACHED, job=job, session=session, message=fail_message, **fields)

@@ -20,7 +20,9 @@ from airflow_quota_provider.policy.config import (
 from airflow_quota_provider.policy.cycle import decide, rejection_reason
 from airflow_quota_provider.policy.decision import Decision, Pending, Preemption, Rejection
 from airflow_quota_provider.policy.errors import PolicyError
-from airflow_quota_provider.policy.state import Host, Job, State, parse_state
+from airflow_quota_provider.policy.jobs import Host, Job
+from airflow_quota_provider.policy.state import State, parse_state
+from airflow_quota_provider.policy.vocabulary import OnPreemptionLimit, PreemptionReason, Reclaim, Sharing, WithinQuota
 
 __all__ = [
     "MAX_QUOTAS_PER_QUEUE",
@@ -29,16 +31,21 @@ __all__ = [
     "Decision",
     "Host",
     "Job",
+    "OnPreemptionLimit",
     "Pending",
     "PolicyError",
     "Preemption",
     "PreemptionPolicy",
+    "PreemptionReason",
     "Queue",
     "Quota",
     "QuotaFile",
     "QuotaUsage",
+    "Reclaim",
     "Rejection",
+    "Sharing",
     "State",
+    "WithinQuota",
     "decide",
     "load_quota_file",
     "parse_quota_file",

@@ -14,12 +14,10 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
 
+from airflow_quota_provider.policy.jobs import Job
 from airflow_quota_provider.policy.ordering import queue_order
 
-if TYPE_CHECKING:
-    from airflow_quota_provider.policy.state import Job
 
 Entry = tuple[tuple, "Job"]
 """``(queue_order(job), job)``; the key ends on the job id, so entries never compare jobs."""

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from airflow_quota_provider.policy.capacity import Usage
 from airflow_quota_provider.policy.config import PreemptionPolicy, Quota
+from airflow_quota_provider.policy.jobs import Job
 from airflow_quota_provider.policy.ordering import entry_key, victim_order, victim_order_by_work
 from airflow_quota_provider.policy.preemption_policy import (
     NOBODY,
@@ -20,12 +21,9 @@ from airflow_quota_provider.policy.preemption_policy import (
     within_quota_allows,
 )
 from airflow_quota_provider.policy.running import Running, cumulative
-from airflow_quota_provider.policy.state import Job
+from airflow_quota_provider.policy.vocabulary import PreemptionReason, WithinQuota
 
 # A victim's reason: the rule that allowed it.
-WITHIN_QUOTA = "within_quota"
-RECLAIM = "reclaim"
-BORROW_WITHIN = "borrow_within"
 
 
 class Candidates:
@@ -159,7 +157,7 @@ class Candidates:
         Victims taken earlier in the cycle are counted too, so this is a bound, never an underestimate.
         """
         rule = quota.preemption.within_quota
-        if rule == "never":
+        if rule == WithinQuota.NEVER:
             return 0
         totals = self._own.get(quota.name)
         if totals is None:
@@ -176,7 +174,7 @@ class Candidates:
             self._own[quota.name] = totals
         priorities, gpus = totals
         # lower_priority: strictly lower; lower_or_newer_equal_priority: equal ones may qualify too.
-        count = (bisect_left if rule == "lower_priority" else bisect_right)(priorities, priority)
+        count = (bisect_left if rule == WithinQuota.LOWER_PRIORITY else bisect_right)(priorities, priority)
         return gpus[count]
 
     def lowest_priority(self, name: str) -> int | None:
@@ -243,7 +241,7 @@ class Candidates:
                 break
             if candidate.id in self.taken or not within_quota_allows(policy.within_quota, preemptor, candidate):
                 continue
-            yield candidate, WITHIN_QUOTA
+            yield candidate, PreemptionReason.WITHIN_QUOTA
 
     def _tree_ranks(
         self, preemptor: Job, quota: Quota, usage: Usage, ceiling: float | None, *, borrow: bool
@@ -404,7 +402,7 @@ class Candidates:
             if candidate.priority > preemptor.priority:
                 break
             if within_quota_allows(policy.within_quota, preemptor, candidate):
-                yield candidate, WITHIN_QUOTA
+                yield candidate, PreemptionReason.WITHIN_QUOTA
 
 
 def _by_ties(keys: list[tuple[int, float, str]], jobs: dict[str, Job], now: float) -> Iterator[list[tuple[tuple, Job]]]:
@@ -474,5 +472,5 @@ def _other_quotas_rule(policy: PreemptionPolicy, preemptor: Job, *, borrow: bool
     """The priority ceiling for other quotas' jobs and the rule that allows them: reclaim when the
     preemptor's quota ends up within its capacity, ``borrow_within`` when it keeps borrowing."""
     if borrow:
-        return borrow_within_ceiling(policy.borrow_within, preemptor.priority), BORROW_WITHIN
-    return reclaim_ceiling(policy.reclaim, preemptor.priority), RECLAIM
+        return borrow_within_ceiling(policy.borrow_within, preemptor.priority), PreemptionReason.BORROW_WITHIN
+    return reclaim_ceiling(policy.reclaim, preemptor.priority), PreemptionReason.RECLAIM

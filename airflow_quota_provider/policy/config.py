@@ -18,11 +18,8 @@ from airflow_quota_provider.policy.capacity import CohortTree
 from airflow_quota_provider.policy.documents import QUOTA_FILE_LIMITS, load_yaml
 from airflow_quota_provider.policy.errors import PolicyError, shorten
 from airflow_quota_provider.policy.fields import Fields, printable
+from airflow_quota_provider.policy.vocabulary import OnPreemptionLimit, Reclaim, Sharing, WithinQuota
 
-SHARING = ("reserve", "lend", "lend_and_borrow")
-WITHIN_QUOTA = ("never", "lower_priority", "lower_or_newer_equal_priority")
-RECLAIM = ("never", "lower_priority", "any")
-ON_PREEMPTION_LIMIT = ("fail", "protect")
 MAX_QUOTAS_PER_QUEUE = 20  # AWS Batch's documented limit; a setting, not a design bound.
 MAX_COHORT_DEPTH = 16
 """Levels of cohorts above a quota. Kueue sets none (KEP-79's stories have two or three levels); an
@@ -37,10 +34,10 @@ _NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,127}\Z")
 class PreemptionPolicy:
     """Which running jobs a quota's waiting jobs may preempt (Kueue's policies)."""
 
-    within_quota: str = "lower_priority"
-    """``never`` | ``lower_priority`` | ``lower_or_newer_equal_priority``: victims in the same quota."""
-    reclaim: str = "any"
-    """``never`` | ``lower_priority`` | ``any``: victims in other quotas running above their capacity."""
+    within_quota: WithinQuota = WithinQuota.LOWER_PRIORITY
+    """Victims in the same quota."""
+    reclaim: Reclaim = Reclaim.ANY
+    """Victims in other quotas running above their capacity."""
     borrow_within: int | None = None
     """None (off), or the highest victim priority a job may preempt in other borrowing quotas while
     its own quota keeps borrowing."""
@@ -52,7 +49,7 @@ class Quota:
 
     name: str
     capacity: int
-    sharing: str = "lend_and_borrow"
+    sharing: Sharing = Sharing.LEND_AND_BORROW
     borrow_limit: int | None = None
     lend_limit: int | None = None
     weight: float = 1.0
@@ -67,7 +64,7 @@ class Quota:
     period, and none past its end. Acts only on jobs with an expected runtime."""
     preemption_delay_s: float = 0.0
     max_preemptions: int | None = None
-    on_preemption_limit: str = "fail"
+    on_preemption_limit: OnPreemptionLimit = OnPreemptionLimit.FAIL
     teams: tuple[str, ...] = ()
     cohort: str | None = None
     """The cohort it belongs to (DESIGN §2, hierarchical cohorts); None: the job queue's root."""
@@ -75,11 +72,11 @@ class Quota:
     # Cached: the quota arithmetic asks these on every check of a decision cycle.
     @cached_property
     def lends(self) -> bool:
-        return self.sharing != "reserve"
+        return self.sharing != Sharing.RESERVE
 
     @cached_property
     def borrows(self) -> bool:
-        return self.sharing == "lend_and_borrow"
+        return self.sharing == Sharing.LEND_AND_BORROW
 
     @cached_property
     def private(self) -> int:
@@ -87,6 +84,13 @@ class Quota:
         if not self.lends:
             return self.capacity
         return self.capacity - (self.lend_limit if self.lend_limit is not None else self.capacity)
+
+    def above_max_priority(self, priority: int) -> str | None:
+        """Why a job of ``priority`` may not run on this quota (its ``max_priority``), or None: the
+        policy rejects such a job and a priority change refuses such a value, in these words."""
+        if self.max_priority is not None and priority > self.max_priority:
+            return f"{priority} is above quota {self.name}'s max_priority {self.max_priority}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -165,8 +169,8 @@ def parse_name(fields: Fields, key: str = "name") -> str:
 
 def parse_preemption(data: Any, path: str) -> PreemptionPolicy:
     fields = Fields({} if data is None else data, path)
-    within = fields.str("within_quota", PreemptionPolicy.within_quota, choices=WITHIN_QUOTA)
-    reclaim = fields.str("reclaim", PreemptionPolicy.reclaim, choices=RECLAIM)
+    within = WithinQuota(fields.str("within_quota", PreemptionPolicy.within_quota, choices=WithinQuota))
+    reclaim = Reclaim(fields.str("reclaim", PreemptionPolicy.reclaim, choices=Reclaim))
     borrow_within_data = fields.raw("borrow_within", None)
     borrow_within = None
     if borrow_within_data is not None:
@@ -182,7 +186,7 @@ def parse_quota(data: Any, path: str) -> Quota:
     fields = Fields(data, path)
     name = parse_name(fields)
     capacity = fields.int("capacity")
-    sharing = fields.str("sharing", Quota.sharing, choices=SHARING)
+    sharing = Sharing(fields.str("sharing", Quota.sharing, choices=Sharing))
     borrow_limit = fields.int("borrow_limit", None, nullable=True)
     lend_limit = fields.int("lend_limit", None, nullable=True)
     weight = fields.number("weight", Quota.weight)
@@ -202,7 +206,9 @@ def parse_quota(data: Any, path: str) -> Quota:
         spare_finishing_within_s=fields.number("spare_finishing_within_s", Quota.spare_finishing_within_s),
         preemption_delay_s=fields.number("preemption_delay_s", Quota.preemption_delay_s),
         max_preemptions=fields.int("max_preemptions", None, nullable=True),
-        on_preemption_limit=fields.str("on_preemption_limit", Quota.on_preemption_limit, choices=ON_PREEMPTION_LIMIT),
+        on_preemption_limit=OnPreemptionLimit(
+            fields.str("on_preemption_limit", Quota.on_preemption_limit, choices=OnPreemptionLimit)
+        ),
         teams=tuple(_parse_team(item, item_path) for item, item_path in fields.list("teams", [])),
         cohort=fields.str("cohort", None),
     )
@@ -388,14 +394,14 @@ def quota_to_dict(quota: Quota) -> dict[str, Any]:
     return {
         "name": quota.name,
         "capacity": quota.capacity,
-        "sharing": quota.sharing,
+        "sharing": str(quota.sharing),  # plain strings: PyYAML's safe dumper refuses str subclasses
         "borrow_limit": quota.borrow_limit,
         "lend_limit": quota.lend_limit,
         "weight": quota.weight,
         "max_priority": quota.max_priority,
         "preemption": {
-            "within_quota": preemption.within_quota,
-            "reclaim": preemption.reclaim,
+            "within_quota": str(preemption.within_quota),
+            "reclaim": str(preemption.reclaim),
             "borrow_within": None if preemption.borrow_within is None else {"max_priority": preemption.borrow_within},
         },
         "grace_period_s": quota.grace_period_s,
@@ -403,7 +409,7 @@ def quota_to_dict(quota: Quota) -> dict[str, Any]:
         "spare_finishing_within_s": quota.spare_finishing_within_s,
         "preemption_delay_s": quota.preemption_delay_s,
         "max_preemptions": quota.max_preemptions,
-        "on_preemption_limit": quota.on_preemption_limit,
+        "on_preemption_limit": str(quota.on_preemption_limit),
         "teams": list(quota.teams),
         **({"cohort": quota.cohort} if quota.cohort is not None else {}),
     }

@@ -49,13 +49,15 @@ from airflow_quota_provider.policy.candidates import Candidates
 from airflow_quota_provider.policy.capacity import ever_fits, ever_fits_each, usage_for
 from airflow_quota_provider.policy.config import Quota
 from airflow_quota_provider.policy.decision import Decision, Pending, Preemption, Rejection
+from airflow_quota_provider.policy.jobs import Job
 from airflow_quota_provider.policy.ordering import entry_key, queue_order
 from airflow_quota_provider.policy.placement import Placement
 from airflow_quota_provider.policy.preemption import find_victims, may_find, search_phases
 from airflow_quota_provider.policy.preemption_policy import effective_max_preemptions, limit_reached, may_preempt
 from airflow_quota_provider.policy.reasons import Explainer
 from airflow_quota_provider.policy.running import Running
-from airflow_quota_provider.policy.state import Job, State
+from airflow_quota_provider.policy.state import State
+from airflow_quota_provider.policy.vocabulary import Reclaim, WithinQuota
 
 
 def decide(state: State, now: float, *, explain: bool = True) -> Decision:
@@ -75,8 +77,9 @@ def rejection_reason(
     ``most`` is :func:`ever_fits` for the quota and ``largest_host`` the GPUs of the state's largest
     host, when the caller has them already.
     """
-    if quota.max_priority is not None and job.priority > quota.max_priority:
-        return f"priority {job.priority} is above quota {quota.name}'s max_priority {quota.max_priority}"
+    above = quota.above_max_priority(job.priority)
+    if above is not None:
+        return f"priority {above}"
     if most is None:
         most = ever_fits(quota, state.quotas, state.capacity, state.cohorts)
     if job.gpus > most:
@@ -453,6 +456,6 @@ class _Cycle:
 def _rules_allow_victims(quota: Quota, borrow: bool) -> bool:
     """Whether any rule of ``quota`` allows a victim at all in a pass (its ``borrow`` flag)."""
     policy = quota.preemption
-    if policy.within_quota != "never" or policy.reclaim != "never":
+    if policy.within_quota != WithinQuota.NEVER or policy.reclaim != Reclaim.NEVER:
         return True
     return borrow and policy.borrow_within is not None

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from operator import itemgetter
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from airflow_quota_provider.policy.state import Job
+from airflow_quota_provider.policy.jobs import Job
 
 
 def queue_order(job: Job) -> tuple:

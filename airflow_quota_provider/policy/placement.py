@@ -25,7 +25,7 @@ from bisect import bisect_left, insort
 from collections import defaultdict
 from collections.abc import Iterable
 
-from airflow_quota_provider.policy.state import Host, Job
+from airflow_quota_provider.policy.jobs import Host, Job
 
 _HOSTS_SHOWN = 4
 """Hosts a fragmentation reason lists by name (most free first); a fleet has hundreds."""

@@ -16,13 +16,14 @@ set (:func:`~airflow_quota_provider.policy.ordering.victim_set_order`) wins.
 
 from __future__ import annotations
 
-from airflow_quota_provider.policy.candidates import RECLAIM, Candidates
+from airflow_quota_provider.policy.candidates import Candidates
 from airflow_quota_provider.policy.capacity import Usage
 from airflow_quota_provider.policy.config import Quota
+from airflow_quota_provider.policy.jobs import Job
 from airflow_quota_provider.policy.ordering import victim_cost, victim_set_order
 from airflow_quota_provider.policy.placement import Placement
 from airflow_quota_provider.policy.preemption_policy import NOBODY, borrow_within_ceiling, reclaim_ceiling
-from airflow_quota_provider.policy.state import Job
+from airflow_quota_provider.policy.vocabulary import PreemptionReason
 
 Victims = list[tuple[Job, str]]
 
@@ -164,7 +165,7 @@ def _minimal_set(
         chosen.append((candidate, reason))
         if host is None or candidate.host == host:
             freed += candidate.gpus
-        if levels is not None and reason == RECLAIM:
+        if levels is not None and reason == PreemptionReason.RECLAIM:
             levels[tree.relation(quota.name, candidate.quota)[0]] += 1
         return usage.fits(quota.name, preemptor.gpus, borrow=fit_borrow, within=levels)
 
@@ -189,7 +190,7 @@ def _minimal_set(
         for index in range(len(chosen) - 2, -1, -1):
             candidate, reason = chosen[index]
             usage.add(candidate.quota, candidate.gpus)
-            level = tree.relation(quota.name, candidate.quota)[0] if levels is not None and reason == RECLAIM else None
+            level = tree.relation(quota.name, candidate.quota)[0] if levels is not None and reason == PreemptionReason.RECLAIM else None
             if level is not None:
                 levels[level] -= 1
             here = candidate.gpus if host is None or candidate.host == host else 0

@@ -5,19 +5,19 @@ Each function answers for one rule of DESIGN §2 and nothing else; the candidate
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Iterable, Mapping
 
 from airflow_quota_provider.policy.config import Quota
+from airflow_quota_provider.policy.jobs import Job
+from airflow_quota_provider.policy.vocabulary import OnPreemptionLimit, Reclaim, WithinQuota
 
-if TYPE_CHECKING:  # .state imports .running, which counts jobs with stoppable(): types only here
-    from airflow_quota_provider.policy.state import Job
 
-
-def within_quota_allows(policy: str, preemptor: Job, candidate: Job) -> bool:
+def within_quota_allows(policy: WithinQuota, preemptor: Job, candidate: Job) -> bool:
     """``within_quota``: victims in the preemptor's own quota."""
-    if policy == "lower_priority":
+    if policy == WithinQuota.LOWER_PRIORITY:
         return candidate.priority < preemptor.priority
-    if policy == "lower_or_newer_equal_priority":
+    if policy == WithinQuota.LOWER_OR_NEWER_EQUAL_PRIORITY:
         return candidate.priority < preemptor.priority or (
             candidate.priority == preemptor.priority and candidate.submitted_at > preemptor.submitted_at
         )
@@ -29,12 +29,12 @@ def within_quota_allows(policy: str, preemptor: Job, candidate: Job) -> bool:
 NOBODY = float("-inf")
 
 
-def reclaim_ceiling(policy: str, priority: int) -> float | None:
+def reclaim_ceiling(policy: Reclaim, priority: int) -> float | None:
     """``reclaim``: victims in other quotas that run above their capacity, to win back lent capacity
     (for a preemptor of ``priority``)."""
-    if policy == "any":
+    if policy == Reclaim.ANY:
         return None
-    if policy == "lower_priority":
+    if policy == Reclaim.LOWER_PRIORITY:
         return priority - 1
     return NOBODY  # never
 
@@ -67,12 +67,12 @@ def may_be_preempted(job: Job, quota: Quota, now: float) -> bool:
     protected by ``on_preemption_limit: protect`` once its retries are used up."""
     if not stoppable(job):
         return False
-    min_runtime = job.min_runtime_s if job.min_runtime_s is not None else quota.min_runtime_s
+    min_runtime = min_runtime_of(job, quota)
     # Without a minimum a job is a candidate however its start time compares with now (a start
     # stamped by a clock ahead of this one lies in the future).
     if min_runtime > 0 and job.started_at is not None and now - job.started_at < min_runtime:
         return False
-    return not (quota.on_preemption_limit == "protect" and limit_reached(job, quota))
+    return not (quota.on_preemption_limit == OnPreemptionLimit.PROTECT and limit_reached(job, quota))
 
 
 def spares_none(quota: Quota) -> bool:
@@ -84,6 +84,28 @@ def spares_none(quota: Quota) -> bool:
 def may_preempt(job: Job, quota: Quota, now: float) -> bool:
     """A waiting job may cause preemption once it has waited ``preemption_delay_s``."""
     return now - job.submitted_at >= quota.preemption_delay_s
+
+
+def min_runtime_of(job: Job, quota: Quota) -> float:
+    """How long the job runs before it may be preempted: its own ``min_runtime_s``, else its quota's."""
+    return job.min_runtime_s if job.min_runtime_s is not None else quota.min_runtime_s
+
+
+def next_timer(running: Iterable[Job], pending: Iterable[Job], quotas: Mapping[str, Quota], now: float) -> float:
+    """The next moment after ``now`` when a time-based rule may let a waiting job through though
+    nothing else changed (inf: none): a running job passing its ``min_runtime_s``, or a waiting one its
+    quota's ``preemption_delay_s``. The replay and the start forecast decide again then."""
+    wake = math.inf
+    for job in running:
+        if job.preempted_for is None:
+            at = job.started_at + min_runtime_of(job, quotas[job.quota])
+            if at > now:
+                wake = min(wake, at)
+    for job in pending:
+        at = job.submitted_at + quotas[job.quota].preemption_delay_s
+        if at > now:
+            wake = min(wake, at)
+    return wake
 
 
 def grace_period_of(job: Job, quota: Quota) -> float:

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from airflow_quota_provider.policy.candidates import Candidates
 from airflow_quota_provider.policy.capacity import Usage, borrowed
 from airflow_quota_provider.policy.config import Quota
+from airflow_quota_provider.policy.jobs import Job
 from airflow_quota_provider.policy.placement import Placement
 from airflow_quota_provider.policy.preemption import search_phases
-from airflow_quota_provider.policy.state import Job
 
 
 class Explainer:

@@ -13,13 +13,10 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator
 from itertools import accumulate
-from typing import TYPE_CHECKING
 
+from airflow_quota_provider.policy.jobs import Job
 from airflow_quota_provider.policy.ordering import saved_at
 from airflow_quota_provider.policy.preemption_policy import stoppable
-
-if TYPE_CHECKING:
-    from airflow_quota_provider.policy.state import Job
 
 
 class Running:

@@ -27,50 +27,8 @@ from airflow_quota_provider.policy.config import (
 from airflow_quota_provider.policy.errors import PolicyError
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.fields import Fields
+from airflow_quota_provider.policy.jobs import Host, Job
 from airflow_quota_provider.policy.running import Running
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job (an Airflow task instance) placed on a quota."""
-
-    id: str
-    quota: str
-    gpus: int
-    priority: int
-    submitted_at: float
-    started_at: float | None = None
-    """When it started running; set for running jobs."""
-    preemptible: bool = True
-    max_preemptions: int | None = None
-    """Preemption retry limit; None takes the quota's."""
-    preemptions: int = 0
-    """How often it has been preempted so far."""
-    min_runtime_s: float | None = None
-    """Least run time before it may be preempted; None takes the quota's."""
-    grace_period_s: float | None = None
-    """How long it may take to stop once preempted (the task's own); None takes the quota's."""
-    last_checkpoint_at: float | None = None
-    """When a running job last saved its work in this run; None: not since it started (or unknown)."""
-    expected_runtime_s: float | None = None
-    """How long a run of it is expected to take from ``started_at`` (the task's history); None:
-    unknown. With it, a victim expected to finish within its grace period is waited for, not
-    preempted (:func:`~airflow_quota_provider.policy.preemption_policy.finishes_within_grace`)."""
-    preempted_for: str | None = None
-    """Set on a running job that was already chosen as a victim and is still stopping."""
-    host: str | None = None
-    """The host a running job's GPUs are on; set on every running job when the state has hosts."""
-
-
-@dataclass(frozen=True)
-class Host:
-    """A machine serving one job queue with ``gpus`` GPUs. A job's GPUs are all on one host."""
-
-    name: str
-    gpus: int
-    down: bool = False
-    """A host that is lost for now: no job starts or is held there, but it still counts as one of the
-    queue's hosts, so a job only it can hold waits for it to return instead of being rejected."""
 
 
 @dataclass(frozen=True)

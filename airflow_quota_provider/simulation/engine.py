@@ -45,7 +45,7 @@ from airflow_quota_provider.policy import Host, Job, Queue, QuotaFile, State, de
 from airflow_quota_provider.policy.accounting import Hold, collector_paused, lost_span, within
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.capacity import CohortTree
-from airflow_quota_provider.policy.preemption_policy import grace_period_of
+from airflow_quota_provider.policy.preemption_policy import grace_period_of, next_timer
 from airflow_quota_provider.policy.running import Running
 from airflow_quota_provider.simulation.policies import PolicySetup
 from airflow_quota_provider.simulation.workload import InputError, TraceJob
@@ -448,17 +448,7 @@ class Simulator:
     def _wake_for_timers(self, run: _QueueRun, now: float) -> None:
         """Ask again when a time-based rule may let a waiting job through though nothing else changed:
         a running job passing its ``min_runtime_s``, or a waiting one its ``preemption_delay_s``."""
-        quotas = {q.name: q for q in run.queue.quotas}
-        wake = math.inf
-        for job in run.running:
-            if job.preempted_for is None:
-                min_runtime = job.min_runtime_s if job.min_runtime_s is not None else quotas[job.quota].min_runtime_s
-                if job.started_at + min_runtime > now:
-                    wake = min(wake, job.started_at + min_runtime)
-        for job in run.pending:
-            delay = quotas[job.quota].preemption_delay_s
-            if job.submitted_at + delay > now:
-                wake = min(wake, job.submitted_at + delay)
+        wake = next_timer(run.running, run.pending, {q.name: q for q in run.queue.quotas}, now)
         if wake < math.inf and run.wake_at != wake:
             run.wake_at = wake
             self.env.schedule(wake, DECIDE, self._wake, run)

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from airflow_quota_provider.policy import Job, State, decide
 from airflow_quota_provider.policy.backlog import Backlog
-from airflow_quota_provider.policy.preemption_policy import grace_period_of
+from airflow_quota_provider.policy.preemption_policy import grace_period_of, next_timer
 from airflow_quota_provider.policy.running import Running
 from airflow_quota_provider.simulation.engine import Environment
 
@@ -163,16 +163,7 @@ class Forecast:
     def _wake_for_timers(self, now: float) -> None:
         """Decide again when a running job passes its ``min_runtime_s`` or a waiting one its
         ``preemption_delay_s``, as the replay does."""
-        wake = math.inf
-        for job in self.running:
-            if job.preempted_for is None:
-                minimum = job.min_runtime_s if job.min_runtime_s is not None else self.quotas[job.quota].min_runtime_s
-                if job.started_at + minimum > now:
-                    wake = min(wake, job.started_at + minimum)
-        for job in self.backlog:
-            delay = self.quotas[job.quota].preemption_delay_s
-            if job.submitted_at + delay > now:
-                wake = min(wake, job.submitted_at + delay)
+        wake = next_timer(self.running, self.backlog, self.quotas, now)
         if wake < math.inf and self.wake_at != wake:
             self.wake_at = wake
             self._at(wake, _DECIDE, self._wake)

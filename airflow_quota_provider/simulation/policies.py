@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from airflow_quota_provider.policy import PreemptionPolicy, Queue, Quota, QuotaFile
+from airflow_quota_provider.policy import PreemptionPolicy, Queue, Quota, QuotaFile, Reclaim, Sharing, WithinQuota
 
 POLICIES = ("quota", "static", "fifo")
-NO_PREEMPTION = PreemptionPolicy(within_quota="never", reclaim="never", borrow_within=None)
+NO_PREEMPTION = PreemptionPolicy(within_quota=WithinQuota.NEVER, reclaim=Reclaim.NEVER, borrow_within=None)
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ def static_quota_file(quota_file: QuotaFile) -> QuotaFile:
     preempted."""
     queues = tuple(
         replace(queue, cohorts=(), quotas=tuple(
-            replace(q, sharing="reserve", borrow_limit=None, lend_limit=None, preemption=NO_PREEMPTION, cohort=None)
+            replace(q, sharing=Sharing.RESERVE, borrow_limit=None, lend_limit=None, preemption=NO_PREEMPTION, cohort=None)
             for q in queue.quotas
         ))
         for queue in quota_file.queues
@@ -44,7 +44,7 @@ def fifo_quota_file(quota_file: QuotaFile) -> QuotaFile:
     queues = tuple(
         Queue(
             name=queue.name, capacity=queue.capacity, capacity_unit=queue.capacity_unit,
-            quotas=(Quota(name=queue.name, capacity=queue.capacity, sharing="reserve", preemption=NO_PREEMPTION),),
+            quotas=(Quota(name=queue.name, capacity=queue.capacity, sharing=Sharing.RESERVE, preemption=NO_PREEMPTION),),
         )
         for queue in quota_file.queues
     )

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from airflow_quota_provider.policy import PreemptionPolicy, Queue, Quota, QuotaFile
+from airflow_quota_provider.policy import PreemptionPolicy, Queue, Quota, QuotaFile, Reclaim, Sharing, WithinQuota
 
 SECONDS_PER_DAY = 86_400.0
 REQUIRED_COLUMNS = ("job_id", "team", "submit_time_s", "duration_s", "gpus")
@@ -254,8 +254,8 @@ def kueue_baseline(
         for q in range(quotas_per_group):
             name = f"cq-{g}-{q}"
             quotas.append(Quota(
-                name=name, capacity=capacity, sharing="lend_and_borrow", borrow_limit=borrow_limit,
-                preemption=PreemptionPolicy(within_quota="lower_priority", reclaim="any"),
+                name=name, capacity=capacity, sharing=Sharing.LEND_AND_BORROW, borrow_limit=borrow_limit,
+                preemption=PreemptionPolicy(within_quota=WithinQuota.LOWER_PRIORITY, reclaim=Reclaim.ANY),
                 grace_period_s=grace_period_s, spare_finishing_within_s=spare_finishing_within_s,
             ))
             for size, count, interval, runtime, priority, request in KUEUE_BASELINE_SETS:
