@@ -81,7 +81,7 @@ with DAG("prio_high", schedule=None, start_date=START, catchup=False):
 
 # set-priority changes who runs next (queue q-set: team-s 1 GPU, within_quota never).
 with DAG("set_block", schedule=None, start_date=START, catchup=False):
-    plain_sleep("block", "team-s", 30, priority=1)  # outlives four CLI calls on a loaded machine
+    plain_sleep("block", "team-s", 30, priority=1)  # the test holds it stopped (SIGSTOP) until the new priority is set
 
 with DAG("set_waiters", schedule=None, start_date=START, catchup=False):
     plain_sleep("w1", "team-s", 1, priority=10)
