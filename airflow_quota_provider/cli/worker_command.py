@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -59,6 +60,20 @@ def _job_queue(queues: str) -> str:
         if names[0] not in known:
             raise SystemExit(f"Error: --queues: {names[0]!r} is not one of {', '.join(known)} (quota file {path})")
     return names[0]
+
+
+HOST_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
+"""A host's name: a DNS name's characters. It becomes a Celery queue, a folder of the state directory,
+and words in logs, pending reasons and the UI (no separator, no control character)."""
+
+
+def _host_name(value: str) -> str:
+    if not HOST_NAME.match(value):
+        raise SystemExit(
+            f"Error: --hostname: {value!r} is not a host name (letters, digits, '.', '-' and '_', "
+            "starting with a letter or digit, at most 253)"
+        )
+    return value
 
 
 def _heartbeat(name: str, every: float, stop: threading.Event) -> None:
@@ -114,6 +129,7 @@ def worker(args) -> None:
     from airflow_quota_provider.executors.config import discover_devices
     from airflow_quota_provider.models.host import register_host
 
+    name = _host_name(socket.gethostname() if args.hostname is None else args.hostname)
     queue = _job_queue(args.queues)
     virtual = args.virtual_gpus if args.virtual_gpus is not None else conf.getint("quota", "virtual_gpus", fallback=8)
     try:
@@ -122,7 +138,6 @@ def worker(args) -> None:
         raise SystemExit(f"Error: {e}")
     if not devices:
         raise SystemExit(f"Error: no GPUs found ({source}); pass --devices or --virtual-gpus")
-    name = args.hostname or socket.gethostname()
     home = conf.get("core", "airflow_home", fallback=os.environ.get("AIRFLOW_HOME", "."))
     state_dir = conf.get("quota", "state_dir", fallback="") or os.path.join(home, "quota")
     os.environ[celery_worker.STATE_DIR_ENV] = os.path.join(state_dir, f"host-{name}")

@@ -105,3 +105,13 @@ def test_a_lost_host_ends_its_evicted_launches_before_its_gpus_return(db, launch
     assert not launcher.running(1), "the evicted launch was ended"
     db.expire_all()
     assert db.get(QuotaHost, HOST).state == HostState.ACTIVE.value
+
+
+@pytest.mark.parametrize("name", ["gpu-a\nforged log line", "gpu-a\x1b[31m", "../etc", "gpu a", "", ".gpu", "gpu\u202e"])
+def test_a_host_name_that_is_not_a_dns_name_is_refused_before_the_worker_starts(name):
+    """A host's name becomes a Celery queue, a folder and words in logs and the UI."""
+    result = subprocess.run(
+        ["airflow", "quota", "worker", "--queues", "gpu-fleet", "--virtual-gpus", "1", "--hostname", name],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "AIRFLOW__QUOTA__QUOTA_FILE": ""},
+    )
+    assert result.returncode == 1 and "--hostname:" in result.stderr and "Traceback" not in result.stderr, result.stderr
