@@ -2,12 +2,11 @@
 
 Only this hook talks to boto3. It does two things:
 
-* **Quota shares.** :meth:`BatchQuotaShareHook.plan_quota_shares` compares one queue of a quota file
-  with the quota shares of an AWS Batch job queue and returns a :class:`QuotaSharePlan` (create,
-  update, disable, delete); :meth:`~BatchQuotaShareHook.apply_plan` carries it out. A second apply
-  plans nothing. How a quota maps onto a quota share is :func:`quota_share_specs`; what AWS Batch
-  cannot express is refused with a :class:`~airflow_quota_provider.policy.PolicyError` that names the
-  field, rather than applied with a different meaning.
+* **Quota shares.** :meth:`BatchQuotaShareHook.plan_quota_shares` lists the quota shares of an AWS
+  Batch job queue and hands them, with one queue of a quota file, to the planner
+  (:mod:`airflow_quota_provider.aws.plan`), which returns a
+  :class:`~airflow_quota_provider.aws.plan.QuotaSharePlan` (create, update, disable, delete);
+  :meth:`~BatchQuotaShareHook.apply_plan` carries it out. A second apply plans nothing.
 * **Service jobs.** Submit, describe, update the priority of, terminate and list SageMaker training
   jobs queued as Batch service jobs, and read a job queue's snapshot.
 
@@ -19,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,20 +26,13 @@ from botocore.config import Config
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
-from airflow_quota_provider.policy import PolicyError
+from airflow_quota_provider.aws.plan import QuotaShareSpec, format_sharing, plan_quota_shares, quota_share_specs
 
 if TYPE_CHECKING:
-    from airflow_quota_provider.policy import Queue, Quota
+    from airflow_quota_provider.aws.plan import PlannedChange, QuotaSharePlan
+    from airflow_quota_provider.policy import Queue
 
-MAX_QUOTA_SHARES_PER_QUEUE = 20
-"""AWS Batch's documented limit of quota shares per job queue (not in the service model)."""
-
-MANAGED_TAG = "airflow-quota-provider:managed"
 TASK_INSTANCE_TAG = "airflow-quota-provider:task-instance"
-
-_STRATEGY = {"reserve": "RESERVE", "lend": "LEND", "lend_and_borrow": "LEND_AND_BORROW"}
-_IN_SHARE_PREEMPTION = {"never": "DISABLED", "lower_priority": "ENABLED"}
-UNLIMITED_BORROW = -1
 
 DEFAULT_RETRIES = {"mode": "standard", "max_attempts": 10}
 """How the hook's client retries unless the hook's ``config`` or the connection's ``config_kwargs``
@@ -49,248 +40,6 @@ set ``retries``: botocore's standard mode (exponential backoff with jitter, up t
 throttling and transient errors) with 10 retries, as the Amazon provider's connection form suggests:
 about a minute of throttling is waited out. botocore's default (3 attempts, about 1.5 s in all)
 gives up on a throttled AWS Batch at once."""
-
-# Quota-file fields that only the local executor uses; a non-default value is reported in the plan.
-_LOCAL_ONLY = {
-    "weight": 1.0,
-    "max_priority": None,
-    "grace_period_s": 120.0,
-    "min_runtime_s": 0.0,
-    "spare_finishing_within_s": 0.0,
-    "preemption_delay_s": 0.0,
-    "on_preemption_limit": "fail",
-}
-
-
-@dataclass(frozen=True)
-class QuotaShareSpec:
-    """The quota share a quota file asks for, in AWS Batch's terms."""
-
-    name: str
-    capacity_limits: tuple[tuple[str, int], ...]  # (capacityUnit, maxCapacity)
-    strategy: str
-    borrow_limit: int | None  # percent, -1 = unlimited; None unless LEND_AND_BORROW
-    in_share_preemption: str
-
-    def capacity_limits_api(self) -> list[dict[str, Any]]:
-        return [{"maxCapacity": cap, "capacityUnit": unit} for unit, cap in self.capacity_limits]
-
-    def resource_sharing_api(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"strategy": self.strategy}
-        if self.borrow_limit is not None:
-            config["borrowLimit"] = self.borrow_limit
-        return config
-
-    def preemption_api(self) -> dict[str, Any]:
-        return {"inSharePreemption": self.in_share_preemption}
-
-    @classmethod
-    def from_api(cls, detail: dict[str, Any]) -> QuotaShareSpec:
-        """What AWS holds now, normalized so that it compares equal to an unchanged spec."""
-        sharing = detail.get("resourceSharingConfiguration") or {}
-        strategy = sharing.get("strategy", "")
-        borrow = sharing.get("borrowLimit", UNLIMITED_BORROW) if strategy == "LEND_AND_BORROW" else None
-        return cls(
-            name=detail["quotaShareName"],
-            capacity_limits=tuple(
-                sorted((limit["capacityUnit"], limit["maxCapacity"]) for limit in detail.get("capacityLimits", []))
-            ),
-            strategy=strategy,
-            borrow_limit=borrow,
-            in_share_preemption=(detail.get("preemptionConfiguration") or {}).get("inSharePreemption", ""),
-        )
-
-
-def borrow_limit_percent(borrow_limit: int | None, capacity: int, path: str) -> int:
-    """Our ``borrow_limit`` (capacity units above the quota's capacity) as AWS's whole percentage of it.
-
-    AWS's ``borrowLimit`` is a percentage of ``maxCapacity`` (-1 = unlimited), so only limits that are
-    a whole percentage of the capacity can be expressed; any other is refused with the nearest ones.
-    """
-    if borrow_limit is None:
-        return UNLIMITED_BORROW
-    if borrow_limit == 0:
-        return 0
-    if capacity == 0:
-        raise PolicyError(
-            path,
-            f"{borrow_limit} cannot be expressed on AWS Batch: borrowLimit is a percentage of the quota's "
-            "capacity, which is 0; use null (unlimited) or 0",
-        )
-    percent, remainder = divmod(borrow_limit * 100, capacity)
-    if remainder == 0:
-        return percent
-    lower = next(b for b in range(borrow_limit, -1, -1) if b * 100 % capacity == 0)
-    upper = next(b for b in range(borrow_limit, borrow_limit + capacity + 1) if b * 100 % capacity == 0)
-    raise PolicyError(
-        path,
-        f"{borrow_limit} is {borrow_limit * 100 / capacity:.4g}% of the quota's capacity {capacity}; AWS Batch's "
-        f"borrowLimit is a whole percentage: use {lower} ({lower * 100 // capacity}%) or "
-        f"{upper} ({upper * 100 // capacity}%), or null (unlimited)",
-    )
-
-
-def quota_share_specs(queue: Queue, *, path: str = "queue") -> list[QuotaShareSpec]:
-    """Map one quota-file queue onto AWS Batch quota shares, refusing what AWS cannot express.
-
-    * ``capacity`` is counted in the queue's ``capacity_unit`` (an instance type such as
-      ``ml.p4d.24xlarge``), AWS's ``maxCapacity``; the unit is required for this backend.
-    * ``sharing`` -> ``resourceSharingConfiguration.strategy``; ``borrow_limit`` -> ``borrowLimit``
-      (a whole percentage of the capacity, -1 when null).
-    * ``preemption.within_quota`` -> ``inSharePreemption`` (``never`` DISABLED, ``lower_priority``
-      ENABLED). AWS always reclaims lent capacity whatever the borrower's priority, which is our
-      ``reclaim: any``; ``lend_limit``, ``borrow_within`` and ``lower_or_newer_equal_priority`` have no
-      AWS counterpart and are refused.
-    * ``cohorts`` are refused: AWS Batch quota shares are one flat list per job queue, and no
-      flattening keeps what a tree guarantees (a cohort's own capacity, its limits, reclaim by level).
-    """
-    quotas = tuple(queue.quotas)
-    if queue.cohorts:
-        raise PolicyError(
-            f"{path}.cohorts",
-            "AWS Batch quota shares are flat: a job queue's shares cannot be grouped in cohorts; "
-            "give this queue a file without cohorts for the aws-batch backend",
-        )
-    if len(quotas) > MAX_QUOTA_SHARES_PER_QUEUE:
-        raise PolicyError(
-            f"{path}.quotas",
-            f"{len(quotas)} quotas; an AWS Batch job queue holds at most {MAX_QUOTA_SHARES_PER_QUEUE} quota shares",
-        )
-    if not queue.capacity_unit:
-        raise PolicyError(
-            f"{path}.capacity_unit",
-            "required for the aws-batch backend: the instance type that capacities count, such as ml.p4d.24xlarge",
-        )
-    return [_quota_share_spec(quota, queue.capacity_unit, f"{path}.quotas[{i}]") for i, quota in enumerate(quotas)]
-
-
-def _quota_share_spec(quota: Quota, unit: str, path: str) -> QuotaShareSpec:
-    if quota.sharing not in _STRATEGY:
-        raise PolicyError(f"{path}.sharing", f"{quota.sharing!r} is not one of {', '.join(_STRATEGY)}")
-    if quota.lend_limit is not None:
-        raise PolicyError(
-            f"{path}.lend_limit",
-            "AWS Batch quota shares have no lend limit: remove it (lend all idle capacity) or use sharing: reserve",
-        )
-    policy = quota.preemption
-    if policy.within_quota not in _IN_SHARE_PREEMPTION:
-        raise PolicyError(
-            f"{path}.preemption.within_quota",
-            f"{policy.within_quota!r} has no AWS Batch counterpart; use one of {', '.join(_IN_SHARE_PREEMPTION)}",
-        )
-    if quota.sharing != "reserve" and policy.reclaim != "any":
-        raise PolicyError(
-            f"{path}.preemption.reclaim",
-            f"{policy.reclaim!r}: AWS Batch always reclaims lent capacity whatever the borrower's priority; use any",
-        )
-    if policy.borrow_within is not None:
-        raise PolicyError(
-            f"{path}.preemption.borrow_within", "AWS Batch has no borrow-within preemption; remove it (null)"
-        )
-    borrow = None
-    if quota.sharing == "lend_and_borrow":
-        borrow = borrow_limit_percent(quota.borrow_limit, quota.capacity, f"{path}.borrow_limit")
-    return QuotaShareSpec(
-        name=quota.name,
-        capacity_limits=((unit, quota.capacity),),
-        strategy=_STRATEGY[quota.sharing],
-        borrow_limit=borrow,
-        in_share_preemption=_IN_SHARE_PREEMPTION[policy.within_quota],
-    )
-
-
-def local_only_notes(queue: Queue) -> list[str]:
-    """Quota fields set in the file that AWS Batch quota shares do not carry (shown with the plan)."""
-    notes = []
-    for quota in queue.quotas:
-        for name, default in _LOCAL_ONLY.items():
-            value = getattr(quota, name)
-            if value != default:
-                shown = f"{value:g}" if isinstance(value, float) else value
-                notes.append(f"{quota.name}: {name}={shown} applies to the local executor only")
-        if quota.max_preemptions is not None:
-            notes.append(
-                f"{quota.name}: max_preemptions={quota.max_preemptions} is set per job on AWS Batch "
-                "(SageMakerBatchTrainingOperator preemption_retries_before_termination)"
-            )
-    return notes
-
-
-@dataclass(frozen=True)
-class PlannedChange:
-    """One call that :meth:`BatchQuotaShareHook.apply_plan` will make."""
-
-    action: str  # create | update | disable | delete
-    name: str
-    request: dict[str, Any]
-    changes: tuple[str, ...] = ()
-
-    def describe(self) -> str:
-        detail = f" ({'; '.join(self.changes)})" if self.changes else ""
-        return f"{self.action:<7} {self.name}{detail}"
-
-
-@dataclass(frozen=True)
-class QuotaSharePlan:
-    """What it takes to make a job queue's quota shares match a quota file; empty when they do."""
-
-    job_queue: str
-    changes: tuple[PlannedChange, ...]
-    unchanged: tuple[str, ...] = ()
-    notes: tuple[str, ...] = field(default=())
-
-    @property
-    def empty(self) -> bool:
-        return not self.changes
-
-    def render(self) -> str:
-        lines = [f"Quota shares of AWS Batch job queue {self.job_queue}:"]
-        lines += [f"  {change.describe()}" for change in self.changes]
-        lines += [f"  ok      {name}" for name in self.unchanged]
-        if self.empty:
-            lines.append("  nothing to change")
-        lines += [f"  note: {note}" for note in self.notes]
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "job_queue": self.job_queue,
-            "changes": [
-                {"action": c.action, "name": c.name, "changes": list(c.changes), "request": c.request}
-                for c in self.changes
-            ],
-            "unchanged": list(self.unchanged),
-            "notes": list(self.notes),
-        }
-
-
-def _diff(want: QuotaShareSpec, have: QuotaShareSpec, state: str) -> tuple[dict[str, Any], list[str]]:
-    request: dict[str, Any] = {}
-    changes: list[str] = []
-    if want.capacity_limits != have.capacity_limits:
-        request["capacityLimits"] = want.capacity_limits_api()
-        changes.append(f"capacity {_fmt_limits(have)} -> {_fmt_limits(want)}")
-    if (want.strategy, want.borrow_limit) != (have.strategy, have.borrow_limit):
-        request["resourceSharingConfiguration"] = want.resource_sharing_api()
-        changes.append(f"sharing {_fmt_sharing(have)} -> {_fmt_sharing(want)}")
-    if want.in_share_preemption != have.in_share_preemption:
-        request["preemptionConfiguration"] = want.preemption_api()
-        changes.append(f"inSharePreemption {have.in_share_preemption} -> {want.in_share_preemption}")
-    if state != "ENABLED":
-        request["state"] = "ENABLED"
-        changes.append(f"state {state} -> ENABLED")
-    return request, changes
-
-
-def _fmt_limits(spec: QuotaShareSpec) -> str:
-    return ", ".join(f"{cap} {unit}" for unit, cap in spec.capacity_limits) or "none"
-
-
-def _fmt_sharing(spec: QuotaShareSpec) -> str:
-    if spec.borrow_limit is None:
-        return spec.strategy
-    limit = "unlimited" if spec.borrow_limit == UNLIMITED_BORROW else f"{spec.borrow_limit}%"
-    return f"{spec.strategy} borrowLimit {limit}"
 
 
 class _ThreadedAsyncWaiter:
@@ -404,64 +153,9 @@ class BatchQuotaShareHook(AwsBaseHook):
 
     def plan_quota_shares(self, job_queue: str, queue: Queue, *, path: str = "queue") -> QuotaSharePlan:
         """Compare the file's queue with the job queue's quota shares; nothing is changed."""
-        wanted = quota_share_specs(queue, path=path)
+        quota_share_specs(queue, path=path)  # refuse what AWS cannot express before calling it
         self.check_job_queue(job_queue)
-        existing = {share["quotaShareName"]: share for share in self.list_quota_shares(job_queue)}
-        removals: list[PlannedChange] = []
-        updates: list[PlannedChange] = []
-        creations: list[PlannedChange] = []
-        unchanged: list[str] = []
-        for name, share in existing.items():
-            if name in {spec.name for spec in wanted} or share.get("status") == "DELETING":
-                continue
-            arn = share["quotaShareArn"]
-            if share.get("state") != "DISABLED":
-                removals.append(PlannedChange("disable", name, {"quotaShareArn": arn, "state": "DISABLED"}))
-            removals.append(PlannedChange("delete", name, {"quotaShareArn": arn}, ("not in the quota file",)))
-        for spec in wanted:
-            share = existing.get(spec.name)
-            if share is None:
-                creations.append(
-                    PlannedChange(
-                        "create",
-                        spec.name,
-                        {
-                            "quotaShareName": spec.name,
-                            "jobQueue": job_queue,
-                            "capacityLimits": spec.capacity_limits_api(),
-                            "resourceSharingConfiguration": spec.resource_sharing_api(),
-                            "preemptionConfiguration": spec.preemption_api(),
-                            "state": "ENABLED",
-                            "tags": {MANAGED_TAG: "true"},
-                        },
-                        (f"capacity {_fmt_limits(spec)}", _fmt_sharing(spec), f"inSharePreemption {spec.in_share_preemption}"),
-                    )
-                )
-                continue
-            if share.get("status") == "DELETING":
-                raise PolicyError(
-                    f"{path}.quotas",
-                    f"quota share {spec.name!r} is being deleted in job queue {job_queue}; apply again once it is gone",
-                )
-            request, changes = _diff(spec, QuotaShareSpec.from_api(share), share.get("state", "ENABLED"))
-            if request:
-                request["quotaShareArn"] = share["quotaShareArn"]
-                updates.append(PlannedChange("update", spec.name, request, tuple(changes)))
-            else:
-                unchanged.append(spec.name)
-        remaining = len(existing) - sum(1 for c in removals if c.action == "delete") + len(creations)
-        if remaining > MAX_QUOTA_SHARES_PER_QUEUE:
-            raise PolicyError(
-                f"{path}.quotas",
-                f"job queue {job_queue} would hold {remaining} quota shares; AWS Batch allows at most "
-                f"{MAX_QUOTA_SHARES_PER_QUEUE}",
-            )
-        return QuotaSharePlan(
-            job_queue=job_queue,
-            changes=tuple(removals + updates + creations),
-            unchanged=tuple(unchanged),
-            notes=tuple(local_only_notes(queue)),
-        )
+        return plan_quota_shares(job_queue, queue, self.list_quota_shares(job_queue), path=path)
 
     def apply_plan(
         self, plan: QuotaSharePlan, *, wait: bool = True, waiter_delay: int = 5, waiter_max_attempts: int = 60
@@ -631,7 +325,7 @@ class BatchQuotaShareHook(AwsBaseHook):
                         "quota_share": name,
                         "state": share.get("state"),
                         "status": share.get("status"),
-                        "strategy": _fmt_sharing(spec),
+                        "strategy": format_sharing(spec),
                         "unit": unit,
                         "capacity": capacity,
                         "in_use": quantity,

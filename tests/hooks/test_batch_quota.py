@@ -12,12 +12,7 @@ from botocore.config import Config
 
 from tests.aws_fake.fixtures import JOB_QUEUE, aws_fake  # noqa: F401  (fixture)
 
-from airflow_quota_provider.hooks.batch_quota import (
-    TASK_INSTANCE_TAG,
-    BatchQuotaShareHook,
-    borrow_limit_percent,
-    quota_share_specs,
-)
+from airflow_quota_provider.hooks.batch_quota import TASK_INSTANCE_TAG, BatchQuotaShareHook
 from airflow_quota_provider.policy import PolicyError, parse_quota_file
 
 UNIT = "ml.p4d.24xlarge"
@@ -243,34 +238,11 @@ def test_what_aws_cannot_express_is_refused_naming_the_field(quota, path, messag
     assert aws_fake.calls == []
 
 
-def test_reserve_quota_may_keep_any_reclaim_setting():
-    queue = quota_file({"name": "team-a", "capacity": 8, "sharing": "reserve", "preemption": {"reclaim": "never"}})
-    assert quota_share_specs(queue)[0].strategy == "RESERVE"
-
-
 def test_cohorts_are_refused_before_any_call_since_batch_shares_are_flat(hook, aws_fake):  # noqa: F811
     queue = quota_file({"name": "team-a", "capacity": 8, "cohort": "ml"}, cohorts=[{"name": "ml", "capacity": 4}])
     with pytest.raises(PolicyError, match=r"^queue.cohorts: AWS Batch quota shares are flat"):
         hook.plan_quota_shares(JOB_QUEUE, queue)
     assert aws_fake.calls == []
-
-
-def test_capacity_unit_is_required_for_aws():
-    with pytest.raises(PolicyError, match=r"^queues\[0\].capacity_unit: required for the aws-batch backend"):
-        quota_share_specs(quota_file(*TEAMS, unit=None), path="queues[0]")
-
-
-@pytest.mark.parametrize(
-    ("borrow_limit", "capacity", "percent"),
-    [(None, 8, -1), (0, 8, 0), (4, 8, 50), (8, 8, 100), (16, 8, 200), (1, 100, 1), (3, 4, 75)],
-)
-def test_borrow_limit_as_a_percentage_of_capacity(borrow_limit, capacity, percent):
-    assert borrow_limit_percent(borrow_limit, capacity, "x") == percent
-
-
-def test_borrow_limit_on_a_zero_capacity_quota_is_refused():
-    with pytest.raises(PolicyError, match="percentage of the quota's capacity, which is 0"):
-        borrow_limit_percent(2, 0, "x")
 
 
 def test_local_only_fields_are_noted_in_the_plan(hook):

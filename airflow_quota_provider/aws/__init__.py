@@ -1,0 +1,1 @@
+"""What the AWS Batch backend decides without calling AWS."""
