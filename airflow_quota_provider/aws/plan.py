@@ -143,7 +143,7 @@ def quota_share_specs(queue: Queue, *, path: str = "queue") -> list[QuotaShareSp
 
 def _quota_share_spec(quota: Quota, unit: str, path: str) -> QuotaShareSpec:
     if quota.sharing not in _STRATEGY:
-        raise PolicyError(f"{path}.sharing", f"{quota.sharing!r} is not one of {', '.join(_STRATEGY)}")
+        raise PolicyError(f"{path}.sharing", f"{str(quota.sharing)!r} is not one of {', '.join(_STRATEGY)}")
     if quota.lend_limit is not None:
         raise PolicyError(
             f"{path}.lend_limit",
@@ -153,12 +153,12 @@ def _quota_share_spec(quota: Quota, unit: str, path: str) -> QuotaShareSpec:
     if policy.within_quota not in _IN_SHARE_PREEMPTION:
         raise PolicyError(
             f"{path}.preemption.within_quota",
-            f"{policy.within_quota!r} has no AWS Batch counterpart; use one of {', '.join(_IN_SHARE_PREEMPTION)}",
+            f"{str(policy.within_quota)!r} has no AWS Batch counterpart; use one of {', '.join(_IN_SHARE_PREEMPTION)}",
         )
     if quota.sharing != "reserve" and policy.reclaim != "any":
         raise PolicyError(
             f"{path}.preemption.reclaim",
-            f"{policy.reclaim!r}: AWS Batch always reclaims lent capacity whatever the borrower's priority; use any",
+            f"{str(policy.reclaim)!r}: AWS Batch always reclaims lent capacity whatever the borrower's priority; use any",
         )
     if policy.borrow_within is not None:
         raise PolicyError(
