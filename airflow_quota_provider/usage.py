@@ -22,21 +22,6 @@ if TYPE_CHECKING:
     from airflow_quota_provider.policy import Cohort, Queue, Quota, QuotaFile
 
 
-class QuotaFileUnavailable(RuntimeError):
-    """``[quota] quota_file`` is unset, unreadable or invalid; the message names the setting and why."""
-
-
-def configured_quota_file() -> QuotaFile:
-    """The quota file named by ``[quota] quota_file``, read now (edits show up on the next call)."""
-    from airflow.configuration import conf
-    from airflow_quota_provider.executors.config import QuotaConfigError, read_quota_file
-
-    try:
-        return read_quota_file(conf.get("quota", "quota_file", fallback=""))
-    except QuotaConfigError as e:
-        raise QuotaFileUnavailable(str(e)) from None
-
-
 @dataclass(frozen=True)
 class QuotaRow:
     """One quota's rule and its figures right now."""

@@ -44,7 +44,7 @@ def _needs_tables(command):
 
 
 def _quota_file():
-    from airflow_quota_provider.usage import QuotaFileUnavailable, configured_quota_file
+    from airflow_quota_provider.quota_file import QuotaFileUnavailable, configured_quota_file
 
     try:
         return configured_quota_file()

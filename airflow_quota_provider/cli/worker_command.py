@@ -46,7 +46,7 @@ WORKER_COMMAND = ActionCommand(
 def _job_queue(queues: str) -> str:
     """The one job queue named by ``--queues``, checked against the quota file when one is set."""
     from airflow.configuration import conf
-    from airflow_quota_provider.executors.config import QuotaConfigError, read_quota_file
+    from airflow_quota_provider.quota_file import QuotaConfigError, read_quota_file
 
     names = [q.strip() for q in queues.split(",") if q.strip()]
     if len(names) != 1:

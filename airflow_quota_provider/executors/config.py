@@ -13,15 +13,12 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
-from airflow_quota_provider.policy import PolicyError, QuotaFile, load_quota_file
+from airflow_quota_provider.policy import QuotaFile
+from airflow_quota_provider.quota_file import QuotaConfigError, read_quota_file
 
 log = logging.getLogger(__name__)
 
 LAUNCHERS = ("local", "celery")
-
-
-class QuotaConfigError(ValueError):
-    """The quota file or the launcher's devices cannot be used; the message names the field."""
 
 
 def discover_devices(devices: str, virtual_gpus: int) -> tuple[list[str], str]:
@@ -53,21 +50,6 @@ def discover_devices(devices: str, virtual_gpus: int) -> tuple[list[str], str]:
     if virtual_gpus < 0:
         raise ValueError(f"[quota] virtual_gpus: {virtual_gpus} is negative")
     return [str(i) for i in range(virtual_gpus)], "[quota] virtual_gpus"
-
-
-def read_quota_file(path: str) -> QuotaFile:
-    """The quota file at ``path``; errors name ``[quota] quota_file`` or the bad field."""
-    if not path:
-        raise QuotaConfigError("[quota] quota_file: not set; point it at the quota file (YAML)")
-    try:
-        return load_quota_file(path)
-    except PolicyError as e:
-        raise QuotaConfigError(f"{path}: {e}") from None
-    except OSError as e:
-        raise QuotaConfigError(f"[quota] quota_file: cannot read {path}: {e.strerror}") from None
-    except Exception as e:  # a reader bug must not stop the scheduler's cycle: the edit is refused
-        log.exception("Unexpected error reading the quota file %s", path)
-        raise QuotaConfigError(f"{path}: cannot be read as a quota file ({type(e).__name__})") from None
 
 
 MANAGED_POOL = "(managed by QuotaExecutor)"

@@ -46,7 +46,7 @@ from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
 from airflow.utils.session import create_session
 from airflow_quota_provider.executors.act import Act
-from airflow_quota_provider.executors.config import LAUNCHERS, MANAGED_POOL, QuotaConfig, QuotaConfigError, discover_devices
+from airflow_quota_provider.executors.config import LAUNCHERS, MANAGED_POOL, QuotaConfig, discover_devices
 from airflow_quota_provider.executors.estimates import StartEstimates
 from airflow_quota_provider.executors.reconcile import Reconcile
 from airflow_quota_provider.executors.runtimes import CheckpointTimes, RuntimeHistory, local_checkpoint_dir
@@ -55,6 +55,7 @@ from airflow_quota_provider.metrics import GpuSecondsMeter, emit_metrics
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.coordination import POOLS, UNQUEUED, db_now, lock, try_lock
 from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, record_config_loaded, record_event
+from airflow_quota_provider.quota_file import QuotaConfigError
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

@@ -30,7 +30,7 @@ from airflow_quota_provider.plugins.datamodels import (
     QuotaCollectionResponse,
     UsageResponse,
 )
-from airflow_quota_provider.usage import QuotaFileUnavailable, configured_quota_file
+from airflow_quota_provider.quota_file import QuotaFileUnavailable, configured_quota_file
 
 api_router = AirflowRouter(tags=["Quota"], responses=create_openapi_http_exception_doc([401, 403]))
 

@@ -15,7 +15,7 @@ from airflow.api_fastapi.core_api.openapi.exceptions import create_openapi_http_
 from airflow.api_fastapi.core_api.security import requires_access_pool, requires_access_view
 from airflow_quota_provider.plugins import services
 from airflow_quota_provider.plugins.datamodels_ui import DashboardResponse
-from airflow_quota_provider.usage import QuotaFileUnavailable, configured_quota_file
+from airflow_quota_provider.quota_file import QuotaFileUnavailable, configured_quota_file
 
 WWW = Path(__file__).parent / "www"
 ASSETS = {"quota.js": "text/javascript", "quota.css": "text/css"}

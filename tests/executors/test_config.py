@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from airflow_quota_provider.executors.config import MANAGED_POOL, QuotaConfig, QuotaConfigError, pool_collisions
+from airflow_quota_provider.executors.config import MANAGED_POOL, QuotaConfig, pool_collisions
+from airflow_quota_provider.quota_file import QuotaConfigError
 from airflow_quota_provider.policy import parse_quota_file
 from tests.policy.test_documents import billion_laughs
 
