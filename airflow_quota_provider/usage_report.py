@@ -206,17 +206,6 @@ def csv_cell(value: Any) -> Any:
     return "'" + value if isinstance(value, str) and value.startswith(CSV_FORMULA_START) else value
 
 
-def pool_report(quota_file: QuotaFile, since: float, until: float, *, session: Session) -> list[dict[str, Any]]:
-    """Per job queue: its pool's GPU-seconds, and what borrowers drew from it."""
-    result = account_period(quota_file, *report_span(since, until, session=session), session=session)
-    out: dict[str, dict[str, float]] = {}
-    for (_, queue), f in result.pools.items():
-        row = out.setdefault(queue, {"queue": queue, "capacity_s": 0.0, "drawn": 0.0})
-        row["capacity_s"] += f.capacity_s
-        row["drawn"] += f.drawn
-    return list(out.values())
-
-
 def db_clean(quota_file: QuotaFile, older_than_days: float, *, session: Session, now: float | None = None) -> dict[str, Any]:
     """Roll up every whole UTC day before the horizon (midnight ``older_than_days`` ago) that is not
     rolled up yet, then delete the events and finished jobs before it; the caller commits."""

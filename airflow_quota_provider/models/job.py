@@ -22,7 +22,6 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     delete,
-    func,
     select,
 )
 from sqlalchemy.orm import Mapped, mapped_column
@@ -516,19 +515,6 @@ def explain(dag_id: str, run_id: str, task_id: str, *, map_index: int = -1, sess
             select(QuotaEvent).where(QuotaEvent.job_id == job.id).order_by(QuotaEvent.id)
         )
     ]
-    return out
-
-
-def summary_counts(*, session: Session) -> dict[str, dict[str, int]]:
-    """Per quota and state, how many jobs (active states only)."""
-    out: dict[str, dict[str, int]] = {}
-    rows = session.execute(
-        select(QuotaJob.quota, QuotaJob.state, func.count())
-        .where(QuotaJob.state.in_([s.value for s in JobState.active()]))
-        .group_by(QuotaJob.quota, QuotaJob.state)
-    )
-    for quota, state, n in rows:
-        out.setdefault(quota, {})[state] = n
     return out
 
 
