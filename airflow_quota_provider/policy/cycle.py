@@ -134,7 +134,7 @@ class _Cycle:
             if job.id in self.handled or not self.usage.fits(job.quota, job.gpus, borrow=True):
                 continue
             victims = self.running.stopping_for(job.id)
-            host = None if self.placement is None else self.placement.host_for_preemptor(job.gpus, victims, stopping=True)
+            host = None if self.placement is None else self.placement.host_for_preemptor(job, victims, stopping=True)
             if self.placement is None or host is not None:
                 self._hold(job, sorted(victim.id for victim in victims), host)
                 self.handled.add(job.id)
@@ -300,7 +300,7 @@ class _Cycle:
                 self._preempt(victim, job, reason)
         host = None
         if self.placement is not None:
-            host = self.placement.host_for_preemptor(job.gpus, (victim for victim, _ in victims), stopping=True)
+            host = self.placement.host_for_preemptor(job, (victim for victim, _ in victims), stopping=True)
         self._hold(job, [victim.id for victim, _ in victims if victim.id not in awaited], host, awaited)
         return True
 

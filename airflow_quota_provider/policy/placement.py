@@ -12,8 +12,8 @@ of the queue's physical and logical usage (:mod:`.capacity`):
 
 A job starts on a host where both are at least its GPUs; a victim's GPUs count as free once settled
 as soon as it is chosen. Its preemptor waits on one host with room once its victims are gone
-(:meth:`Placement.host_for_preemptor`), which need not hold all of them: the quota arithmetic may
-need victims on other hosts. With one host of the queue's capacity
+(:meth:`Placement.host_for_preemptor`), which holds its victims of its own quota but need not hold
+the others': the quota arithmetic may reclaim on other hosts. With one host of the queue's capacity
 the two figures are the queue's physical and logical free GPUs, so the policy decides as it does
 without hosts. The quota arithmetic (capacity, borrowing, lending) stays queue-wide, in GPUs; a job
 starts when both it and a host allow it.
@@ -86,27 +86,38 @@ class Placement:
             host = min(fits)[1] if fits else None
         return host
 
-    def host_for_preemptor(self, gpus: int, victims: Iterable[Job], *, stopping: bool) -> str | None:
-        """The host a preemptor of ``gpus`` waits on for ``victims`` (anywhere: the quota arithmetic
-        may need victims on other hosts than the one that makes room), or None where none has room.
+    def host_for_preemptor(self, preemptor: Job, victims: Iterable[Job], *, stopping: bool) -> str | None:
+        """The host ``preemptor`` waits on for ``victims``, or None where none may hold it.
 
-        A host has room when its GPUs free once settled, plus those of the victims on it unless they
-        are ``stopping`` already (then counted there), are at least ``gpus``. The host holding most of
-        the victims' GPUs with room wins (then the best fit, then by name), so the fleet keeps its free
-        hosts for others; else the host a job without victims would get (:meth:`host_for`). Asked
-        again in later cycles while the victims stop, it gives the same host.
+        Victims of other quotas (reclaims) may run anywhere: the quota arithmetic is queue-wide. Victims
+        of its own quota must be on its host: elsewhere their GPUs would free while it waits, and they,
+        requeued, could borrow their way back in at once (the preemption undone, and done again, in a
+        loop). A host has room when its GPUs free once settled, plus those of the victims on it unless
+        they are ``stopping`` already (then counted there), are at least its GPUs. The host holding
+        most of the victims' GPUs with room wins (then the best fit, then by name), so the fleet keeps
+        its free hosts for others; without victims of its own, else the host a job without victims
+        would get (:meth:`host_for`). Asked again in later cycles while the victims stop, it gives the
+        same host.
         """
+        gpus = preemptor.gpus
         freed: dict[str, int] = defaultdict(int)
+        own: set[str] = set()
         for victim in victims:
             freed[victim.host] += victim.gpus
+            if victim.quota == preemptor.quota:
+                own.add(victim.host)
+        if len(own) > 1:
+            return None
         best: tuple | None = None
         for name, gpus_freed in freed.items():
             room = self.free_settled[name] + (0 if stopping else gpus_freed)
-            if room >= gpus and name not in self.down:
+            if room >= gpus and name not in self.down and (not own or name in own):
                 key = (-gpus_freed, room - gpus, name)
                 if best is None or key < best:
                     best = key
-        return self.host_for(gpus) if best is None else best[2]
+        if best is not None:
+            return best[2]
+        return None if own else self.host_for(gpus)
 
     def admit(self, host: str, gpus: int) -> None:
         self._change(host, -gpus, -gpus)

@@ -70,7 +70,7 @@ def find_victims(
             continue
         victims = _minimal_set(preemptor, quota, usage, candidates, borrow=borrow, may_borrow=may_borrow)
         if victims and placement is not None and placement.host_for_preemptor(
-            preemptor.gpus, (victim for victim, _ in victims), stopping=False
+            preemptor, (victim for victim, _ in victims), stopping=False
         ) is None:
             victims = _making_room(preemptor, quota, usage, candidates, placement, borrow=borrow, may_borrow=may_borrow)
         if victims:
@@ -182,7 +182,9 @@ def _minimal_set(
         chosen_ids = {victim.id for victim, _ in chosen}
     if freed >= lacking and not fits:
         for candidate, reason in candidates.for_preemptor(preemptor, quota, usage, borrow=borrow):
-            if candidate.id not in chosen_ids and take(candidate, reason):
+            if candidate.id in chosen_ids or (host is not None and candidate.host != host and candidate.quota == quota.name):
+                continue  # its own quota's victims only where it runs (Placement.host_for_preemptor)
+            if take(candidate, reason):
                 fits = True
                 break
     if fits:

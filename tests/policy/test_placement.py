@@ -171,6 +171,17 @@ VICTIMS_ACROSS_HOSTS = [
 ]
 
 
+def test_a_victim_of_the_preemptors_own_quota_is_only_taken_on_the_host_it_will_run_on():
+    """Freed on another host, a1 could borrow its way back in at once while p waited (the Kueue-shape
+    replay preempted and re-admitted such jobs forever at one instant): p borrows the idle GPU instead."""
+    state = (
+        queue(8).quota("a", 4).quota("b", 4).host("h1", 4).host("h2", 4)
+        .run("a1", "a", 1, 1, host="h1").run("k", "b", 3, 9, host="h1", preemptible=False)
+        .wait("p", "a", 4, 5).build()
+    )
+    placed(state, {"p": "h2"}, [])
+
+
 @pytest.mark.parametrize(("state", "host", "preempt"), VICTIMS_ACROSS_HOSTS)
 def test_victims_across_hosts(state, host, preempt):
     decision = placed(state, {}, preempt)

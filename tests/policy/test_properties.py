@@ -529,7 +529,8 @@ def test_no_job_larger_than_the_largest_host_is_admitted_or_waits(state):
 def test_with_hosts_a_job_has_the_victims_it_has_without_them_unless_placement_forces_more(state):
     """One waiting job, decided with hosts and without (one implicit host of the capacity): where the
     victims it gets without hosts leave room on some host once they and every stopping job are gone,
-    it gets exactly those victims with hosts (which hosts hold them does not matter)."""
+    and those of its own quota all run there, it gets exactly those victims with hosts (which hosts
+    hold other quotas' victims does not matter)."""
     assume(state.pending)
     job = state.pending[0]
     state = replace(state, pending=(job,))
@@ -539,8 +540,9 @@ def test_with_hosts_a_job_has_the_victims_it_has_without_them_unless_placement_f
     for running in state.running:
         if running.preempted_for is None and running.id not in victims:
             room[running.host] -= running.gpus
+    own = {r.host for r in state.running if r.id in victims and r.quota == job.quota}
     placed = decide(state, NOW)
-    if max(room.values()) >= job.gpus:
+    if any(free >= job.gpus and own <= {name} for name, free in room.items()):
         assert {p.id for p in placed.preempt} == victims, (plain, placed)
     assert [p.to_dict() for p in decide(state, NOW).preempt] == [p.to_dict() for p in placed.preempt]
 
