@@ -50,13 +50,13 @@ def saved_at(job: Job, started: float) -> float:
 
 
 def victim_set_order(victims: list[Job], preemptor: Job, order: Callable[[Job], tuple]) -> tuple:
-    """Order of victim sets on different hosts (one host's set each): cheapest first.
+    """Order of victim sets found for different hosts: cheapest first.
 
     A victim's cost is its place in the victim search's order (:func:`victim_cost`, with the
     decision's ``order`` of candidates within a quota). A set's key is
     its victims' costs, costliest first, compared lexicographically: the set whose costliest victim
-    comes earliest in that order wins, then the one whose next costliest does. Sets on different
-    hosts share no victim and a victim's cost ends on its id, so two hosts' keys never tie.
+    comes earliest in that order wins, then the one whose next costliest does. A victim's cost ends on
+    its id, so two keys tie only for the same victims (two hosts' sets may share the quota's victims).
     """
     return tuple(sorted((victim_cost(victim, preemptor, order) for victim in victims), reverse=True))
 

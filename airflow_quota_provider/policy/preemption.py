@@ -82,14 +82,16 @@ def _making_room(
     preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, placement: Placement, *, borrow: bool, may_borrow: bool
 ) -> Victims | None:
     """The cheapest set over the hosts that also makes room on one, when the set without hosts
-    leaves room on none (so every host's set holds a victim on that host).
+    leaves room on none (or takes its own quota's victims on several hosts).
 
     The walk goes through all candidates in the search's order (cheapest first) and searches each
     host when its cheapest candidate comes up, skipping hosts whose candidates cannot free enough
     GPUs whatever the rules. It stops at the first candidate costlier than the best set's costliest
     victim: a host whose candidates all cost more cannot have a cheaper set. So it finds the set an
-    exhaustive search over the hosts would, at the cost of a few hosts' searches, not a fleet's.
-    Ties (two hosts' sets of the same victims) go to the host met first.
+    exhaustive search over the hosts would when every host's set holds a victim on it (as when the
+    set without hosts left room nowhere), at the cost of a few hosts' searches, not a fleet's; a host
+    with room that holds no candidate is not searched. Ties (two hosts' sets of the same victims) go
+    to the host met first.
     """
     best: Victims | None = None
     best_key: tuple = ()
