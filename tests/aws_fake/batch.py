@@ -30,7 +30,6 @@ from typing import Any
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
 MAX_QUOTA_SHARES_PER_QUEUE = 20
-PORTS = range(18300, 18400)
 
 ACTIVE_STATES = ("SCHEDULED", "STARTING", "RUNNING")
 TERMINAL_STATES = ("SUCCEEDED", "FAILED")
@@ -697,11 +696,10 @@ def _routes() -> dict[str, str]:
 class FakeBatchServer:
     """Serves a :class:`FakeBatch` on 127.0.0.1 in a daemon thread; use as a context manager."""
 
-    def __init__(self, batch: FakeBatch | None = None, *, ports: Iterable[int] = PORTS) -> None:
+    def __init__(self, batch: FakeBatch | None = None) -> None:
         self.batch = batch or FakeBatch()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
-        self._ports = ports
 
     @property
     def endpoint_url(self) -> str:
@@ -709,16 +707,9 @@ class FakeBatchServer:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def start(self) -> FakeBatchServer:
-        routes = _routes()
-        last: OSError | None = None
-        for port in self._ports:
-            try:
-                self._server = _Server(("127.0.0.1", port), self.batch, routes)
-                break
-            except OSError as error:
-                last = error
-        else:
-            raise RuntimeError(f"no free port for the AWS fake in {self._ports}: {last}")
+        # Port 0: the kernel's ephemeral range, apart from the fixed ranges (18000-19999, shifted per
+        # pytest-xdist worker) that the Airflow instances of other tests check free and bind seconds later.
+        self._server = _Server(("127.0.0.1", 0), self.batch, _routes())
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="aws-batch-fake", daemon=True
         )
