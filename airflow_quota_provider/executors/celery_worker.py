@@ -108,7 +108,6 @@ def run_launch(
     supervisor's exit code (None: killed). ``on_task_exit`` is called once the task and everything
     it started are gone while the supervisor still finishes."""
     become_subreaper()  # what a killed guard leaves comes here, and is ended below
-    env = {**env, "QUOTA_PREEMPT_FILE": str(jobs.preempt_file(job_id))}
     handle = f"{job_id}:{jobs.start(job_id, run, env, tied_to_parent=True)}"
     told = False
     try:

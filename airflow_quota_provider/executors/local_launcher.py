@@ -53,6 +53,7 @@ from airflow_quota_provider.executors.containment import (
     watch_parent,
 )
 from airflow_quota_provider.executors.launcher import HostDevices, Liveness, Status
+from airflow_quota_provider.protocol import ENV_PREEMPT_FILE, PREEMPT_FILE, PreemptionNotice, write_atomically, write_notice
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -67,7 +68,6 @@ EXIT_FILE = "exit-{pid}"  # one per launch: a guard still finishing never writes
 SUPERVISOR_FILE = "supervisor-{pid}"
 LEFTOVER_WAIT_S = 60.0
 """How long :meth:`LocalLauncher.end_leftovers` waits for killed launches to be gone."""
-PREEMPT_FILE = "preempt.json"
 UNKNOWN = -2
 """Exit status of a child whose status could not be collected."""
 
@@ -133,7 +133,6 @@ class LocalLauncher:
         ]
 
     def launch(self, *, job_id: int, host: str, workload: ExecuteTask, env: dict[str, str], session: Session) -> str:
-        env = {**env, "QUOTA_PREEMPT_FILE": str(self.preempt_file(job_id))}
         return f"{job_id}:{self.fork(job_id, workload, env)}"
 
     def recorded_launch(self, job_id: int, *, since: float, session: Session) -> str | None:
@@ -189,12 +188,14 @@ class LocalLauncher:
 
     def start(self, job_id: int, run: Callable[[], int], env: dict[str, str], *, tied_to_parent: bool = False) -> int:
         """Fork a contained guard that forks a child calling ``run`` (the task supervisor) with
-        ``env`` set, ends what is left behind, and records ``run``'s exit code; returns the guard's
-        pid. ``tied_to_parent``: the whole launch is killed when this process dies."""
+        ``env`` and ``QUOTA_PREEMPT_FILE`` set, ends what is left behind, and records ``run``'s exit
+        code; returns the guard's pid. ``tied_to_parent``: the whole launch is killed when this
+        process dies."""
         job_dir = self.job_dir(job_id)
         job_dir.mkdir(parents=True, exist_ok=True)
         for path in (job_dir / PID_FILE, job_dir / PREEMPT_FILE, *job_dir.glob(EXIT_FILE.format(pid="*"))):
             path.unlink(missing_ok=True)
+        env = {**env, ENV_PREEMPT_FILE: str(self.preempt_file(job_id))}
         cgroup = JobCgroup.create(f"job-{job_id}-{time.time_ns()}") if self.use_cgroups else None
         sys.stdout.flush()
         sys.stderr.flush()
@@ -213,7 +214,7 @@ class LocalLauncher:
             cgroup.add(pid)  # the child adds itself too, first thing: whichever is first, it is in before it starts anything
             self._cgroups[pid] = cgroup
         recorded = {"pid": pid, "start": _proc_start_time(pid), "cgroup": str(cgroup.path) if cgroup is not None else None}
-        _write_atomically(job_dir / PID_FILE, json.dumps(recorded))
+        write_atomically(job_dir / PID_FILE, json.dumps(recorded))
         return pid
 
     def cgroup(self, job_id: int, pid: int) -> JobCgroup | None:
@@ -346,18 +347,10 @@ class LocalLauncher:
             self._lingering.add(pid)
 
     def write_preempt_notice(self, job_id: int, notice: dict) -> Path:
+        """Deliver ``notice`` (:meth:`PreemptionNotice.to_dict`, as the launcher seam carries it)."""
         path = self.preempt_file(job_id)
-        _write_atomically(path, json.dumps(notice))
+        write_notice(path, PreemptionNotice.from_dict(notice))
         return path
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: a reader sees
-    the whole file or none. The directory is made again if someone deleted it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _parse(handle: str) -> tuple[int, int]:
@@ -403,7 +396,7 @@ def _guard_main(  # pragma: no cover - runs in the forked guard
         supervisor = os.fork()
         if supervisor == 0:
             _supervisor_main(run)
-        _write_atomically(job_dir / SUPERVISOR_FILE.format(pid=os.getpid()), str(supervisor))
+        write_atomically(job_dir / SUPERVISOR_FILE.format(pid=os.getpid()), str(supervisor))
         rc = os.waitstatus_to_exitcode(os.waitpid(supervisor, 0)[1])
         rc = rc if rc >= 0 else None  # killed by a signal
     except BaseException:
@@ -414,7 +407,7 @@ def _guard_main(  # pragma: no cover - runs in the forked guard
         except BaseException:
             logging.getLogger(__name__).exception("Could not end what the task left behind")
         try:
-            _write_atomically(job_dir / EXIT_FILE.format(pid=os.getpid()), json.dumps({"rc": rc}))
+            write_atomically(job_dir / EXIT_FILE.format(pid=os.getpid()), json.dumps({"rc": rc}))
         finally:
             os._exit(rc if rc is not None and 0 <= rc < 256 else 1)
 

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from airflow_quota_provider.protocol import positive_number
+
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
@@ -43,8 +45,8 @@ def expected_runtime(override: Any, durations: Sequence[float], execution_timeou
     """The expected runtime of one run, in seconds, from what is known in order of trust: the task's
     own declaration, its history, its timeout (an upper bound). A declaration that is not a positive
     number is ignored (the operators validate theirs; a hand-written ``executor_config`` may not)."""
-    if isinstance(override, int | float) and not isinstance(override, bool) and override > 0:
-        return float(override)
+    if (declared := positive_number(override)) is not None:
+        return declared
     if durations:
         return float(statistics.median(durations))
     return execution_timeout_s

@@ -56,7 +56,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import json
 import os
 import re
 import shutil
@@ -76,31 +75,29 @@ from urllib.parse import unquote, urlsplit
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowRescheduleException
 
+from airflow_quota_provider.protocol import (
+    DEFAULT_GRACE_PERIOD_S,
+    EXECUTOR_CONFIG_KEY,
+    ENV_CHECKPOINT_DIR,
+    ENV_PREEMPTION_COUNT,
+    ENV_RESUME_FROM,
+    PreemptionNotice,
+    QuotaTaskConfig,
+    TaskEnvironment,
+    acknowledge_notice,
+    epoch_seconds,
+    read_notice,
+)
+
 if TYPE_CHECKING:
     from airflow.sdk import Context, ObjectStoragePath
 
-#: Environment the executor sets for the task process.
-ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
-ENV_JOB_ID = "QUOTA_JOB_ID"
-ENV_PREEMPTION_COUNT = "QUOTA_PREEMPTION_COUNT"
-ENV_GRACE_PERIOD_S = "QUOTA_GRACE_PERIOD_S"
-ENV_PREEMPT_FILE = "QUOTA_PREEMPT_FILE"
-#: Environment the operator adds for the command (and the decorator for the callable).
-ENV_CHECKPOINT_DIR = "QUOTA_CHECKPOINT_DIR"
-ENV_RESUME_FROM = "QUOTA_RESUME_FROM"
-
-#: Key of ``executor_config`` that carries the per-task quota extras.
-EXECUTOR_CONFIG_KEY = "quota"
 #: Executor alias the tasks are routed to; configure ``[core] executor`` with
 #: ``quota:airflow_quota_provider.executors.quota_executor.QuotaExecutor``.
 DEFAULT_EXECUTOR = "quota"
-#: Grace period when neither the executor (``QUOTA_GRACE_PERIOD_S``) nor the task sets one; the
-#: quota file's default.
-DEFAULT_GRACE_PERIOD_S = 120.0
 POLL_INTERVAL_S = 0.5
 #: Stop this long before the executor's deadline, so the task still reports the reschedule itself.
 DEADLINE_MARGIN_S = 1.0
-HANDLED_SUFFIX = ".handled"
 #: Checkpoint names ending so (or starting with ``.``) are writes in progress, never resumed from.
 IN_PROGRESS_SUFFIXES = (".tmp", ".partial")
 #: A task instance's checkpoint directory holds one directory per attempt (a run of the command).
@@ -206,10 +203,13 @@ def quota_operator_kwargs(
                 name, f"{given!r} conflicts with {source[name]}={value!r}; set {source[name]} only"
             )
 
-    extras = {"preemptible": preemptible, "max_preemptions": max_preemptions, "grace_period_s": grace_period_s}
-    expected_runtime_s = _positive_seconds("expected_runtime", expected_runtime)
-    if expected_runtime_s is not None:  # else the executor estimates it from the task's history
-        extras["expected_runtime_s"] = expected_runtime_s
+    extras = QuotaTaskConfig(
+        preemptible=preemptible,
+        max_preemptions=max_preemptions,
+        grace_period_s=grace_period_s,
+        # None: the executor estimates it from the task's history
+        expected_runtime_s=_positive_seconds("expected_runtime", expected_runtime),
+    ).to_dict()
     executor_config = kwargs.get("executor_config") or {}
     if not isinstance(executor_config, Mapping):
         raise QuotaTaskArgumentError("executor_config", f"{executor_config!r} is not a dict or None")
@@ -260,57 +260,6 @@ def quota_partial_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # Run-time side: preemption notices, checkpoints, the environment
-
-
-@dataclass(frozen=True)
-class PreemptionNotice:
-    """What the executor wrote into ``QUOTA_PREEMPT_FILE``."""
-
-    reason: str
-    preemptor: str | None
-    deadline: float | None
-    """Seconds since the epoch after which the executor stops the task by force; None: unknown."""
-    fail: bool = False
-    """Past the preemption limit: the task must fail (with ``message``) instead of being requeued."""
-    message: str | None = None
-
-    @classmethod
-    def read(cls, path: Path) -> PreemptionNotice | None:
-        """Return the notice if the file exists. A file that is not (yet) valid JSON still counts."""
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            return None
-        except OSError:
-            text = ""
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = {}
-        if not isinstance(data, dict):
-            data = {}
-        return cls(
-            reason=str(data.get("reason") or "preempted"),
-            preemptor=None if data.get("preemptor") is None else str(data["preemptor"]),
-            deadline=_epoch_seconds(data.get("deadline")),
-            fail=data.get("fail") is True,
-            message=None if data.get("message") is None else str(data["message"]),
-        )
-
-
-def _epoch_seconds(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            return float(value)
-        with contextlib.suppress(ValueError):
-            value = datetime.fromisoformat(value)
-    if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
-    return None
 
 
 def _is_checkpoint_name(name: str) -> bool:
@@ -543,10 +492,10 @@ def _entries(directory: Path | ObjectStoragePath) -> dict[str, _StoreEntry]:
 def _object_mtime(fs, path: str, info: Mapping[str, Any]) -> float:
     """When the store last wrote the object at ``path``, in seconds since the epoch (0.0: unknown)."""
     for key in ("mtime", "LastModified", "last_modified", "updated"):
-        if (seconds := _epoch_seconds(info.get(key))) is not None:
+        if (seconds := epoch_seconds(info.get(key))) is not None:
             return seconds
     try:
-        return _epoch_seconds(fs.modified(path)) or 0.0
+        return epoch_seconds(fs.modified(path)) or 0.0
     except (NotImplementedError, OSError, ValueError, KeyError):
         return 0.0
 
@@ -689,19 +638,15 @@ class QuotaRun:
         ``sync`` the directory is its local working copy, empty until :meth:`fetch_checkpoint`.
         """
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            env_grace = float(os.environ.get(ENV_GRACE_PERIOD_S) or "nan")
-        except ValueError:
-            env_grace = float("nan")
-        count = os.environ.get(ENV_PREEMPTION_COUNT, "0")
+        env = TaskEnvironment.read(os.environ)
         return cls(
             checkpoint_dir=checkpoint_dir,
             resume_from=resume_from,
-            preemption_count=int(count) if count.isdigit() else 0,
-            grace_period_s=env_grace if env_grace > 0 else (grace_period_s or DEFAULT_GRACE_PERIOD_S),
-            preempt_file=Path(os.environ[ENV_PREEMPT_FILE]) if os.environ.get(ENV_PREEMPT_FILE) else None,
-            cuda_visible_devices=os.environ.get(ENV_CUDA_VISIBLE_DEVICES),
-            job_id=os.environ.get(ENV_JOB_ID),
+            preemption_count=env.preemption_count,
+            grace_period_s=env.grace_period_s or grace_period_s or DEFAULT_GRACE_PERIOD_S,
+            preempt_file=env.preempt_file,
+            cuda_visible_devices=env.cuda_visible_devices,
+            job_id=env.job_id,
             sync=sync,
         )
 
@@ -753,7 +698,7 @@ class QuotaRun:
 
     def poll_preemption(self) -> PreemptionNotice | None:
         if self.notice is None and self.preempt_file is not None:
-            self.notice = PreemptionNotice.read(self.preempt_file)
+            self.notice = read_notice(self.preempt_file)
         return self.notice
 
     def stop_at(self, now: float) -> float:
@@ -778,8 +723,7 @@ class QuotaRun:
         """
         notice = self.notice or PreemptionNotice(reason="preempted", preemptor=None, deadline=None)
         if self.preempt_file is not None:
-            with contextlib.suppress(OSError):
-                os.replace(self.preempt_file, f"{self.preempt_file}{HANDLED_SUFFIX}")
+            acknowledge_notice(self.preempt_file)
         if notice.fail:
             message = notice.message or (
                 f"preempted ({notice.reason}) after reaching the task's preemption limit (max_preemptions)"

@@ -18,7 +18,8 @@ from airflow.sdk import DAG
 
 from airflow_quota_provider.decorators.quota import quota_task
 from airflow_quota_provider.get_provider_info import get_provider_info
-from airflow_quota_provider.operators.training import EXECUTOR_CONFIG_KEY, QuotaTaskArgumentError
+from airflow_quota_provider.operators.training import QuotaTaskArgumentError
+from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY
 
 
 def test_provider_registers_the_quota_decorator():

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from airflow_quota_provider.protocol import PreemptionNotice, write_notice
+
 # Importing Airflow in the pytest process (to build operators) must not touch ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="quota-tests-airflow-home-"))
 
@@ -101,10 +103,8 @@ def read_events(path: Path) -> list[dict]:
 
 
 def write_preempt_file(path: Path, *, reason: str, preemptor: str, deadline: float) -> None:
-    """Write the notice the way the executor does: a temporary name, then an atomic rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"reason": reason, "preemptor": preemptor, "deadline": deadline}))
-    os.replace(tmp, path)
+    """Deliver a notice the way the executor's launcher does."""
+    write_notice(path, PreemptionNotice(reason, preemptor, deadline))
 
 
 def _register_provider(site: Path) -> None:

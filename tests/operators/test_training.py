@@ -25,13 +25,12 @@ from tests.operators.quota_airflow import (  # first: it keeps Airflow away from
     write_preempt_file,
 )
 from airflow_quota_provider.operators.training import (
-    EXECUTOR_CONFIG_KEY,
-    PreemptionNotice,
     QuotaRun,
     QuotaTaskArgumentError,
     QuotaTrainingOperator,
     latest_checkpoint,
 )
+from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY
 
 
 @pytest.fixture(scope="module")
@@ -120,20 +119,6 @@ def test_latest_checkpoint_is_newest_complete_entry(tmp_path):
     (tmp_path / ".ckpt-00000030.pt.tmp").write_text("in progress")
     (tmp_path / "ckpt-00000040.pt.partial").write_text("in progress")
     assert latest_checkpoint(tmp_path) == new
-
-
-def test_preemption_notice_accepts_epoch_iso_and_half_written_files(tmp_path):
-    path = tmp_path / "preempt.json"
-    assert PreemptionNotice.read(path) is None
-    path.write_text(json.dumps({"reason": "reclaim", "preemptor": "j9", "deadline": 1000.5}))
-    assert PreemptionNotice.read(path) == PreemptionNotice("reclaim", "j9", 1000.5)
-    path.write_text(json.dumps({"reason": "within_quota", "deadline": "1970-01-01T00:16:40+00:00"}))
-    assert PreemptionNotice.read(path) == PreemptionNotice("within_quota", None, 1000.0)
-    path.write_text('{"reason": "rec')  # the file itself is the signal
-    assert PreemptionNotice.read(path) == PreemptionNotice("preempted", None, None)
-    path.write_text(json.dumps({"reason": "reclaim", "fail": True, "message": "max_preemptions=2 reached"}))
-    notice = PreemptionNotice.read(path)
-    assert (notice.fail, notice.message) == (True, "max_preemptions=2 reached")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,277 @@
+"""The contract between the QuotaExecutor and the task process it launches, in one place.
+
+Pure Python, no Airflow import: the executor (scheduler side), the launchers (scheduler or GPU
+host) and the task runtime (operator, ``@task.quota``) all read it.
+
+1. **Per-task settings** (:class:`QuotaTaskConfig`), in ``executor_config["quota"]``
+   (:data:`EXECUTOR_CONFIG_KEY`): written by ``QuotaTrainingOperator`` and ``@task.quota`` from
+   their arguments, read by the executor when the task is queued. A hand-written
+   ``executor_config`` may carry anything; reading it never fails on a value the executor can
+   do without (see :meth:`QuotaTaskConfig.from_executor_config`).
+2. **The task's environment**, set by the executor and its launcher for the task process:
+
+   - ``CUDA_VISIBLE_DEVICES`` (executor): the GPUs handed to the job, comma-separated.
+   - ``QUOTA_JOB_ID`` (executor): the job's id (``quota_job.id``), as a notice's ``preemptor``
+     names a job.
+   - ``QUOTA_HOST`` (executor): the GPU host the job was placed on (``local`` for the local
+     launcher; empty when unknown).
+   - ``QUOTA_NAME`` (executor): the quota the job runs on.
+   - ``QUOTA_PREEMPTION_COUNT`` (executor): times this task instance was preempted so far.
+   - ``QUOTA_GRACE_PERIOD_S`` (executor): seconds between the notice and the deadline: the task's
+     ``grace_period``, else its quota's.
+   - ``QUOTA_PREEMPT_FILE`` (launcher): where the preemption notice appears; it does not exist
+     while the task may run.
+   - ``QUOTA_CHECKPOINT_DIR`` (operator, decorator): the directory this run writes its checkpoints
+     to (an attempt's own; a local working copy when checkpoints live in an object store).
+   - ``QUOTA_RESUME_FROM`` (operator, decorator): the checkpoint this run resumes from, or empty.
+
+   The operator also passes ``QUOTA_PREEMPTION_COUNT`` on to its command.
+3. **The preemption notice** (:class:`PreemptionNotice`): a JSON file
+   ``{"reason", "preemptor", "deadline"}`` (``deadline`` in seconds since the epoch), plus
+   ``"fail": true`` and a ``"message"`` past the task's preemption limit, written atomically to
+   :data:`PREEMPT_FILE` in the launch's job directory (:func:`write_notice`). The file is the
+   signal; a SIGTERM without it is an ordinary kill. The task polls it (:func:`read_notice`) and,
+   once it has stopped, renames it with :data:`HANDLED_SUFFIX` (:func:`acknowledge_notice`).
+4. **The default grace period** (:data:`DEFAULT_GRACE_PERIOD_S`): the quota file's, used by a task
+   that runs without ``QUOTA_GRACE_PERIOD_S`` and without a ``grace_period`` of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from airflow_quota_provider.policy.config import Quota
+
+#: Key of ``executor_config`` that carries the per-task quota settings.
+EXECUTOR_CONFIG_KEY = "quota"
+
+ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+ENV_JOB_ID = "QUOTA_JOB_ID"
+ENV_HOST = "QUOTA_HOST"
+ENV_QUOTA_NAME = "QUOTA_NAME"
+ENV_PREEMPTION_COUNT = "QUOTA_PREEMPTION_COUNT"
+ENV_GRACE_PERIOD_S = "QUOTA_GRACE_PERIOD_S"
+ENV_PREEMPT_FILE = "QUOTA_PREEMPT_FILE"
+ENV_CHECKPOINT_DIR = "QUOTA_CHECKPOINT_DIR"
+ENV_RESUME_FROM = "QUOTA_RESUME_FROM"
+
+#: The notice's file name in a launch's job directory (``<state_dir>/jobs/<job id>/``).
+PREEMPT_FILE = "preempt.json"
+#: Appended to the notice's path by the task once it has acted on it.
+HANDLED_SUFFIX = ".handled"
+
+#: The quota file's default grace period (the policy owns it; the policy never imports this module).
+DEFAULT_GRACE_PERIOD_S: float = Quota.grace_period_s
+
+
+# --------------------------------------------------------------------------------------------
+# executor_config["quota"]
+
+
+@dataclass(frozen=True)
+class QuotaTaskConfig:
+    """``executor_config["quota"]``: what a task asks of the executor beyond its pool, pool slots and
+    priority weight. The operators write ``preemptible``, ``max_preemptions``, ``grace_period_s``
+    and, when given, ``expected_runtime_s``; ``quota``, ``gpus`` and ``priority`` may be written by
+    hand and then win over the pool, pool slots and priority weight."""
+
+    preemptible: bool = True
+    max_preemptions: int | None = None
+    """None: the quota's."""
+    grace_period_s: float | None = None
+    """None: the quota's."""
+    expected_runtime_s: float | None = None
+    """None: estimated from the task's history."""
+    quota: str | None = None
+    gpus: int | None = None
+    priority: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON the operators store; the optional fields only when set, so that a DAG's
+        serialized form does not change with fields it does not use."""
+        data: dict[str, Any] = {
+            "preemptible": self.preemptible,
+            "max_preemptions": self.max_preemptions,
+            "grace_period_s": self.grace_period_s,
+        }
+        for name in ("expected_runtime_s", "quota", "gpus", "priority"):
+            if (value := getattr(self, name)) is not None:
+                data[name] = value
+        return data
+
+    @classmethod
+    def from_executor_config(cls, executor_config: Any) -> QuotaTaskConfig:
+        """Read a task's ``executor_config``. Tolerant as the executor has always been: anything but
+        a dict under the key counts as no settings, an empty quota as none, an expected runtime that
+        is not a positive number as unknown. ``gpus``, ``priority``, ``max_preemptions`` and
+        ``grace_period_s`` are converted with ``int``/``float`` (``"2"`` is 2), so junk there raises."""
+        extras = executor_config.get(EXECUTOR_CONFIG_KEY) if isinstance(executor_config, Mapping) else None
+        if not isinstance(extras, Mapping):
+            extras = {}
+        return cls(
+            preemptible=bool(extras.get("preemptible", True)),
+            max_preemptions=_optional(int, extras.get("max_preemptions")),
+            grace_period_s=_optional(float, extras.get("grace_period_s")),
+            expected_runtime_s=positive_number(extras.get("expected_runtime_s")),
+            quota=str(extras["quota"]) if extras.get("quota") else None,
+            gpus=_optional(int, extras.get("gpus")),
+            priority=_optional(int, extras.get("priority")),
+        )
+
+
+def _optional(convert, value: Any) -> Any:
+    return None if value is None else convert(value)
+
+
+def positive_number(value: Any) -> float | None:
+    """``value`` as a float when it is a number > 0 (not a bool), else None."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# The task's environment
+
+
+@dataclass(frozen=True)
+class TaskEnvironment:
+    """The executor's variables as the task reads them (:meth:`read`) and the executor writes them
+    (:meth:`to_env`; the launcher adds ``QUOTA_PREEMPT_FILE``)."""
+
+    cuda_visible_devices: str | None = None
+    job_id: str | None = None
+    host: str | None = None
+    quota: str | None = None
+    preemption_count: int = 0
+    grace_period_s: float | None = None
+    """None: not set, or not a number > 0."""
+    preempt_file: Path | None = None
+
+    def to_env(self) -> dict[str, str]:
+        env = {
+            ENV_CUDA_VISIBLE_DEVICES: self.cuda_visible_devices or "",
+            ENV_JOB_ID: self.job_id or "",
+            ENV_HOST: self.host or "",
+            ENV_PREEMPTION_COUNT: str(self.preemption_count),
+            ENV_QUOTA_NAME: self.quota or "",
+        }
+        if self.grace_period_s is not None:
+            env[ENV_GRACE_PERIOD_S] = str(float(self.grace_period_s))
+        if self.preempt_file is not None:
+            env[ENV_PREEMPT_FILE] = str(self.preempt_file)
+        return env
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str]) -> TaskEnvironment:
+        """Read ``environ`` (``os.environ``); a task started without the executor sees the defaults."""
+        try:
+            grace = positive_number(float(environ.get(ENV_GRACE_PERIOD_S) or "nan"))
+        except ValueError:
+            grace = None
+        count = environ.get(ENV_PREEMPTION_COUNT, "0")
+        return cls(
+            cuda_visible_devices=environ.get(ENV_CUDA_VISIBLE_DEVICES),
+            job_id=environ.get(ENV_JOB_ID),
+            host=environ.get(ENV_HOST) or None,
+            quota=environ.get(ENV_QUOTA_NAME) or None,
+            preemption_count=int(count) if count.isdigit() else 0,
+            grace_period_s=grace,
+            preempt_file=Path(environ[ENV_PREEMPT_FILE]) if environ.get(ENV_PREEMPT_FILE) else None,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# The preemption notice
+
+
+@dataclass(frozen=True)
+class PreemptionNotice:
+    """What the executor writes into ``QUOTA_PREEMPT_FILE``."""
+
+    reason: str
+    preemptor: str | None
+    deadline: float | None
+    """Seconds since the epoch after which the executor stops the task by force; None: unknown."""
+    fail: bool = False
+    """Past the preemption limit: the task must fail (with ``message``) instead of being requeued."""
+    message: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"reason": self.reason, "preemptor": self.preemptor, "deadline": self.deadline}
+        if self.fail:
+            data.update(fail=True, message=self.message)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PreemptionNotice:
+        """Tolerant: a notice that is not (yet) a JSON object still counts, as a plain preemption."""
+        if not isinstance(data, Mapping):
+            data = {}
+        return cls(
+            reason=str(data.get("reason") or "preempted"),
+            preemptor=None if data.get("preemptor") is None else str(data["preemptor"]),
+            deadline=epoch_seconds(data.get("deadline")),
+            fail=data.get("fail") is True,
+            message=None if data.get("message") is None else str(data["message"]),
+        )
+
+
+def write_notice(path: Path, notice: PreemptionNotice) -> None:
+    """Deliver ``notice`` at ``path``, atomically: the task never reads half of it."""
+    write_atomically(path, json.dumps(notice.to_dict()))
+
+
+def read_notice(path: Path) -> PreemptionNotice | None:
+    """The notice at ``path``, or None while there is none. A file that cannot be read or is not
+    valid JSON still counts: its existence is the signal."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        text = ""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    return PreemptionNotice.from_dict(data)
+
+
+def acknowledge_notice(path: Path) -> None:
+    """Mark the notice at ``path`` as acted on (renamed with :data:`HANDLED_SUFFIX`), if it is there."""
+    with contextlib.suppress(OSError):
+        os.replace(path, f"{path}{HANDLED_SUFFIX}")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: a reader sees
+    the whole file or none. The directory is made again if someone deleted it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def epoch_seconds(value: Any) -> float | None:
+    """A time as seconds since the epoch: a number, a numeric string, an ISO 8601 string or a
+    ``datetime`` (naive: UTC); None for anything else."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return float(value)
+        with contextlib.suppress(ValueError):
+            value = datetime.fromisoformat(value)
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
+    return None

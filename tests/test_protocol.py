@@ -1,0 +1,154 @@
+"""The scheduler-task contract: each case is named after the rule it checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_quota_provider.policy.config import Quota
+from airflow_quota_provider.protocol import (
+    DEFAULT_GRACE_PERIOD_S,
+    EXECUTOR_CONFIG_KEY,
+    HANDLED_SUFFIX,
+    PreemptionNotice,
+    QuotaTaskConfig,
+    TaskEnvironment,
+    acknowledge_notice,
+    read_notice,
+    write_notice,
+)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(QuotaTaskConfig(), id="defaults survive the round trip"),
+        pytest.param(
+            QuotaTaskConfig(preemptible=False, max_preemptions=3, grace_period_s=30.0, expected_runtime_s=600.0),
+            id="what the operators write survives the round trip",
+        ),
+        pytest.param(
+            QuotaTaskConfig(quota="team-a", gpus=2, priority=50), id="hand-written quota, gpus and priority survive"
+        ),
+    ],
+)
+def test_task_config_round_trip(config):
+    assert QuotaTaskConfig.from_executor_config({EXECUTOR_CONFIG_KEY: config.to_dict()}) == config
+
+
+def test_task_config_writes_optional_fields_only_when_set():
+    assert QuotaTaskConfig(grace_period_s=30.0).to_dict() == {
+        "preemptible": True,
+        "max_preemptions": None,
+        "grace_period_s": 30.0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("executor_config", "expected"),
+    [
+        pytest.param(None, QuotaTaskConfig(), id="no executor_config: no settings"),
+        pytest.param(["quota"], QuotaTaskConfig(), id="executor_config not a dict: no settings"),
+        pytest.param({EXECUTOR_CONFIG_KEY: "team-a"}, QuotaTaskConfig(), id="settings not a dict: none"),
+        pytest.param({EXECUTOR_CONFIG_KEY: {"quota": ""}}, QuotaTaskConfig(), id="empty quota: none"),
+        *(
+            pytest.param(
+                {EXECUTOR_CONFIG_KEY: {"expected_runtime_s": value}}, QuotaTaskConfig(),
+                id=f"expected runtime {value!r}: unknown",
+            )
+            for value in ("1h", -5, 0, True)
+        ),
+        pytest.param(
+            {EXECUTOR_CONFIG_KEY: {"gpus": "2", "priority": "7", "grace_period_s": "30"}},
+            QuotaTaskConfig(gpus=2, priority=7, grace_period_s=30.0),
+            id="numbers written as strings are read as numbers",
+        ),
+    ],
+)
+def test_task_config_tolerates_hand_written_junk(executor_config, expected):
+    assert QuotaTaskConfig.from_executor_config(executor_config) == expected
+
+
+def test_environment_round_trip(tmp_path):
+    env = TaskEnvironment(
+        cuda_visible_devices="0,3",
+        job_id="17",
+        host="gpu-1",
+        quota="team-a",
+        preemption_count=2,
+        grace_period_s=45.0,
+        preempt_file=tmp_path / "preempt.json",
+    )
+    assert TaskEnvironment.read(env.to_env()) == env
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        pytest.param({}, TaskEnvironment(), id="without the executor: defaults"),
+        pytest.param({"QUOTA_GRACE_PERIOD_S": "soon"}, TaskEnvironment(), id="grace period not a number: unset"),
+        pytest.param({"QUOTA_GRACE_PERIOD_S": "-1"}, TaskEnvironment(), id="grace period not > 0: unset"),
+        pytest.param({"QUOTA_PREEMPTION_COUNT": "x"}, TaskEnvironment(), id="preemption count not a number: 0"),
+        pytest.param({"QUOTA_PREEMPT_FILE": ""}, TaskEnvironment(), id="empty preempt file: none"),
+    ],
+)
+def test_environment_read_tolerates_junk(environ, expected):
+    assert TaskEnvironment.read(environ) == expected
+
+
+def test_default_grace_period_is_the_quota_files():
+    assert DEFAULT_GRACE_PERIOD_S == Quota("q", 1).grace_period_s == 120.0
+
+
+@pytest.mark.parametrize(
+    "notice",
+    [
+        pytest.param(PreemptionNotice("reclaim", "j9", 1000.5), id="a preemption survives write and read"),
+        pytest.param(
+            PreemptionNotice("reclaim", "j9", 1000.5, fail=True, message="max_preemptions is 2"),
+            id="a failing preemption keeps its message",
+        ),
+    ],
+)
+def test_notice_write_read(tmp_path, notice):
+    path = tmp_path / "jobs" / "1" / "preempt.json"
+    write_notice(path, notice)
+    assert read_notice(path) == notice
+    assert [p.name for p in path.parent.iterdir()] == ["preempt.json"]  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            json.dumps({"reason": "within_quota", "deadline": "1970-01-01T00:16:40+00:00"}),
+            PreemptionNotice("within_quota", None, 1000.0),
+            id="an ISO deadline is read as epoch seconds",
+        ),
+        pytest.param('{"reason": "rec', PreemptionNotice("preempted", None, None), id="half a file still counts"),
+        pytest.param("[1, 2]", PreemptionNotice("preempted", None, None), id="a file that is no object still counts"),
+        pytest.param(
+            json.dumps({"reason": "reclaim", "fail": "yes"}),
+            PreemptionNotice("reclaim", None, None),
+            id="fail only when it is true",
+        ),
+    ],
+)
+def test_notice_read_tolerates_partial_files(tmp_path, text, expected):
+    path = tmp_path / "preempt.json"
+    path.write_text(text)
+    assert read_notice(path) == expected
+
+
+def test_no_file_is_no_notice(tmp_path):
+    assert read_notice(tmp_path / "preempt.json") is None
+
+
+def test_acknowledged_notice_is_renamed_and_no_longer_read(tmp_path):
+    path = tmp_path / "preempt.json"
+    write_notice(path, PreemptionNotice("reclaim", "j9", None))
+    acknowledge_notice(path)
+    acknowledge_notice(path)  # twice: nothing there any more, no error
+    assert read_notice(path) is None
+    assert (tmp_path / f"preempt.json{HANDLED_SUFFIX}").exists()
