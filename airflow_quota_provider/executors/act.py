@@ -1,5 +1,5 @@
-"""Act on one job queue's decision: fail rejected tasks, tell victims to stop, give admitted jobs
-their devices on a host, and launch them once that is committed."""
+"""The actor: carries out the scheduler's decisions: fails rejected tasks, tells victims to stop,
+gives admitted jobs their devices on a host, and launches them once that is committed."""
 
 from __future__ import annotations
 
@@ -15,75 +15,89 @@ from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, all
 from airflow_quota_provider.policy.preemption_policy import grace_period_of
 
 if TYPE_CHECKING:
+    import logging
+    from collections.abc import Callable
+
     from sqlalchemy.orm import Session
 
-    from airflow_quota_provider.executors.launcher import HostDevices
-    from airflow_quota_provider.executors.quota_executor import QuotaExecutor
-    from airflow_quota_provider.executors.schedule import QueueCycle
+    from airflow_quota_provider.executors.config import QuotaConfig
+    from airflow_quota_provider.executors.cycle import Cycle
+    from airflow_quota_provider.executors.launcher import HostDevices, Launcher
+    from airflow_quota_provider.executors.schedule import Plan, QueueCycle
     from airflow_quota_provider.policy import Decision, Preemption
 
 
-class Act:
-    """Mixed into :class:`QuotaExecutor`."""
+class Actor:
+    """Carries out the scheduler's plan: fails the jobs that can never run, tells victims to stop,
+    gives admitted jobs their devices on a host, writes the waiting jobs' reasons, and launches the
+    admitted jobs once that is committed."""
 
-    def _act(self: QuotaExecutor, cycle: QueueCycle, now: float, session: Session) -> bool:
-        """Apply the decision (ORM objects are loaded only for the jobs that change state)."""
-        decision = cycle.decision
-        changed = False
+    def __init__(self, launcher: Launcher, config: QuotaConfig, log: logging.Logger, *, token: Callable[[str], str]) -> None:
+        """``token``: a fresh workload token for a task instance id (a job may launch long after
+        Airflow queued it)."""
+        self.launcher = launcher
+        self.config = config
+        self.log = log
+        self.token = token
+
+    def act(self, cycle: Cycle, plan: Plan) -> None:
+        session = cycle.session
+        names = [q.name for queue in cycle.quota_file.queues for q in queue.quotas]
+        for job_id in plan.unknown:
+            job = session.get(QuotaJob, job_id)
+            reject(job, self._unknown_quota_message(job, names), cycle)
+        admitted: list[QuotaJob] = []
+        for queue in plan.queues:
+            admitted += self._act(queue, cycle)
+        if admitted:
+            session.commit()  # devices are recorded before any process exists
+            for job in admitted:
+                self._launch(job, cycle)
+
+    def _act(self, queue: QueueCycle, cycle: Cycle) -> list[QuotaJob]:
+        """Apply one job queue's decision (ORM objects are loaded only for the jobs that change
+        state); the jobs given devices, to launch."""
+        decision, session = queue.decision, cycle.session
         for rejection in decision.reject:
             job = _load(session, rejection.id)
             if job.state == JobState.PENDING.value:  # else revoked and dropped since this cycle read it
-                self._reject(job, rejection.reason, session)
-                changed = True
+                reject(job, rejection.reason, cycle)
         for preemption in decision.preempt:
             job = _load(session, preemption.id)
             if job.state == JobState.RUNNING.value:
-                self._preempt(job, preemption, cycle, now, session)
-                changed = True
+                self._preempt(job, preemption, queue, cycle)
         in_use: dict[str, int] = {}
-        for job in cycle.running:
+        for job in queue.running:
             in_use[job.quota] = in_use.get(job.quota, 0) + job.gpus
         held = set(allocated_devices(session=session)) if decision.admit else set()
+        admitted = []
         for job_id in decision.admit:
-            host = self._host_for(cycle, decision, job_id)
-            changed |= self._admit(_load(session, job_id), cycle, host, held, in_use, now, session)
+            job = _load(session, job_id)
+            if self._admit(job, queue, _host_for(queue, decision, job_id), held, in_use, cycle):
+                admitted.append(job)
         # Only what differs from what the row says (whichever scheduler wrote it last).
-        said, reasons = cycle.said, []
+        said, reasons = queue.said, []
         for p in decision.pending:
             if said.get(p.id) != (p.reason, p.position):
                 reasons.append({"id": int(p.id), "pending_reason": p.reason, "pending_position": p.position})
         if reasons:
             _write_reasons(reasons, session)
-        return changed or bool(reasons)
+        return admitted
 
-    def _host_for(self: QuotaExecutor, cycle: QueueCycle, decision: Decision, job_id: str) -> HostDevices | None:
-        """The host the policy chose, or the queue's only host when the launcher has one per queue."""
-        name = decision.hosts.get(job_id)
-        for host in cycle.hosts:
-            if host.up and (name is None or host.name == name):
-                return host
-        return None
-
-    def _reject(self: QuotaExecutor, job: QuotaJob, reason: str, session: Session) -> None:
-        """A job that can never run: fail its task with the reason, keep serving everyone else."""
-        fail_ti(job, f"QuotaExecutor: {reason}", session, from_states=[TaskInstanceState.QUEUED])
-        transitions.reject(job, reason, now=self._now, session=session)
-
-    def _preempt(self: QuotaExecutor, job: QuotaJob, preemption: Preemption, cycle: QueueCycle, now: float, session: Session) -> None:
+    def _preempt(self, job: QuotaJob, preemption: Preemption, queue: QueueCycle, cycle: Cycle) -> None:
         """Tell a running job to stop: deliver its notice; the deadline is its grace period."""
-        quota = cycle.queue.quota(job.quota)
-        grace = grace_period_of(job, quota)
-        deadline = now + float(grace)
+        grace = grace_period_of(job, queue.queue.quota(job.quota))
+        deadline = cycle.now + float(grace)
         transitions.begin_stop(
             job, preemptor=preemption.for_, reason=preemption.reason, deadline=deadline,
-            fail_message=preemption.message if preemption.fail else None, session=session,
+            fail_message=preemption.message if preemption.fail else None, session=cycle.session,
         )
         notice = {"reason": preemption.reason, "preemptor": preemption.for_, "deadline": deadline}
         if preemption.fail:
             notice.update(fail=True, message=preemption.message)
         if job.handle:
             try:
-                self.launcher.notify(job.handle, notice, session=session)
+                self.launcher.notify(job.handle, notice, session=cycle.session)
             except Exception:  # the deadline still stops it through Airflow
                 self.log.exception("Could not deliver the preemption notice to %s on %s", job.ti_label(), job.host)
         self.log.info(
@@ -91,57 +105,47 @@ class Act:
         )
 
     def _admit(
-        self: QuotaExecutor,
+        self,
         job: QuotaJob,
-        cycle: QueueCycle,
+        queue: QueueCycle,
         host: HostDevices | None,
         held: set[tuple[str, str]],
         in_use: dict[str, int],
-        now: float,
-        session: Session,
+        cycle: Cycle,
     ) -> bool:
-        """Give an admitted job its devices (lowest free indexes on its host) and mark it running."""
+        """Give an admitted job its devices (lowest free indexes on its host) and mark it running;
+        whether it got them."""
+        session = cycle.session
         if job.state != JobState.PENDING.value or not job.workload:
             return False  # revoked since this cycle read it
         state = ti_state(job, session)
         if state != TaskInstanceState.QUEUED:  # cleared or marked by a person while it waited
-            transitions.drop(job, f"dropped: its task instance is {state or 'none'}, no longer queued", now=now, session=session)
-            return True
+            transitions.drop(job, f"dropped: its task instance is {state or 'none'}, no longer queued", now=cycle.now, session=session)
+            return False
         free = [d for d in host.devices if (host.name, d) not in held] if host else []
         if len(free) < job.gpus:
             self.log.warning("Job %s admitted but only %d devices are free on %s; retrying", job.job_id, len(free), host and host.name)
             return False
         devices = free[: job.gpus]
         held.update((host.name, d) for d in devices)
-        by = f"by scheduler job {self.job_id}" if self.job_id is not None else None
-        transitions.admit(job, host=host.name, devices=devices, now=now, by=by, session=session)
+        by = f"by scheduler job {cycle.scheduler_job}" if cycle.scheduler_job is not None else None
+        transitions.admit(job, host=host.name, devices=devices, now=cycle.now, by=by, session=session)
         in_use[job.quota] = in_use.get(job.quota, 0) + job.gpus
-        capacity = cycle.queue.quota(job.quota).capacity
+        capacity = queue.queue.quota(job.quota).capacity
         if in_use[job.quota] > capacity:
             record_event(
                 EventKind.BORROWED, job=job, session=session, host=host.name, devices=",".join(devices),
                 message=f"quota {job.quota} uses {in_use[job.quota]} of its {capacity} GPUs",
             )
-        self._to_launch.append(job)
         return True
 
-    def _launch_admitted(self: QuotaExecutor, session: Session) -> bool:
-        """Launch the jobs admitted this cycle, once their devices are committed."""
-        if not self._to_launch:
-            return False
-        session.commit()  # devices are recorded before any process exists
-        launches, self._to_launch = self._to_launch, []
-        for job in launches:
-            self._launch(job, session)
-        return True
-
-    def _launch(self: QuotaExecutor, job: QuotaJob, session: Session) -> None:
+    def _launch(self, job: QuotaJob, cycle: Cycle) -> None:
         """Start the admitted job's task with a fresh token and exactly its devices visible."""
+        session = cycle.session
         try:
             workload = workloads.ExecuteTask.model_validate_json(job.workload or "")
-            workload.token = workloads.ExecuteTask.generate_token(str(workload.ti.id), self.jwt_generator)
-            quota = self.quota_file.quota(job.quota)
-            grace = grace_period_of(job, quota)
+            workload.token = self.token(str(workload.ti.id))
+            grace = grace_period_of(job, cycle.quota_file.quota(job.quota))
             env = {
                 "CUDA_VISIBLE_DEVICES": ",".join(devices_of(job.id, session=session)),
                 "QUOTA_JOB_ID": job.job_id,
@@ -158,6 +162,29 @@ class Act:
             self.log.exception("Could not launch %s on %s", job.ti_label(), job.host)
             transitions.launch_failed(job, str(e), session=session)
         session.flush()
+
+    def _unknown_quota_message(self, job: QuotaJob, names: list[str]) -> str:
+        if not job.quota:
+            return (
+                f"task {job.ti_label()} has no quota: set pool=<quota> (one of {', '.join(names)}) "
+                'or executor_config={"quota": {"quota": <quota>}}'
+            )
+        return f"quota: {job.quota!r} is not one of {', '.join(names)} (quota file {self.config.path})"
+
+
+def reject(job: QuotaJob, reason: str, cycle: Cycle) -> None:
+    """A job that can never run: fail its task with the reason, keep serving everyone else."""
+    fail_ti(job, f"QuotaExecutor: {reason}", cycle.session, from_states=[TaskInstanceState.QUEUED])
+    transitions.reject(job, reason, now=cycle.now, session=cycle.session)
+
+
+def _host_for(queue: QueueCycle, decision: Decision, job_id: str) -> HostDevices | None:
+    """The host the policy chose, or the queue's only host when the launcher has one per queue."""
+    name = decision.hosts.get(job_id)
+    for host in queue.hosts:
+        if host.up and (name is None or host.name == name):
+            return host
+    return None
 
 
 def _load(session: Session, job_id: str) -> QuotaJob:

@@ -12,8 +12,9 @@ truth, so a restarted scheduler carries on where the old one stopped.
 
 Where processes run is the launcher's business (:mod:`.launcher`): ``[quota] launcher = local``
 forks them on this machine (the default), ``celery`` sends them to GPU hosts running
-``airflow quota worker`` (:mod:`.celery_launcher`). The steps of a cycle live in :mod:`.reconcile`,
-:mod:`.schedule` and :mod:`.act`; job state changes in :mod:`airflow_quota_provider.models.transitions`.
+``airflow quota worker`` (:mod:`.celery_launcher`). Each heartbeat is a :class:`~.cycle.Cycle` passed to
+three parts: the reconciler (:mod:`.reconcile`), the scheduler (:mod:`.schedule`) and the actor
+(:mod:`.act`); job state changes live in :mod:`airflow_quota_provider.models.transitions`.
 
 Preemption (no Airflow retry is consumed, the task keeps its try_number):
 
@@ -42,34 +43,37 @@ from sqlalchemy import select
 from airflow.configuration import conf
 from airflow.executors import workloads
 from airflow.executors.base_executor import BaseExecutor
+from airflow.executors.executor_loader import ExecutorLoader
 from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
 from airflow.utils.session import create_session
-from airflow_quota_provider.executors.act import Act
+from airflow_quota_provider.executors.act import Actor
 from airflow_quota_provider.executors.config import LAUNCHERS, MANAGED_POOL, QuotaConfig, discover_devices
+from airflow_quota_provider.executors.cycle import Cycle
 from airflow_quota_provider.executors.estimates import StartEstimates
-from airflow_quota_provider.executors.reconcile import Reconcile
+from airflow_quota_provider.executors.reconcile import Reconciler
 from airflow_quota_provider.executors.runtimes import CheckpointTimes, RuntimeHistory, local_checkpoint_dir
-from airflow_quota_provider.executors.schedule import Schedule
+from airflow_quota_provider.executors.schedule import Scheduler
 from airflow_quota_provider.metrics import GpuSecondsMeter, emit_metrics
 from airflow_quota_provider.models import transitions
-from airflow_quota_provider.models.coordination import POOLS, UNQUEUED, db_now, lock, try_lock
-from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, record_config_loaded, record_event
+from airflow_quota_provider.models.coordination import POOLS, db_now, lock
+from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, Report, record_config_loaded, record_event
 from airflow_quota_provider.quota_file import QuotaConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from sqlalchemy.orm import Session
 
     from airflow.executors.workloads import ExecutorWorkload
     from airflow.models.taskinstancekey import TaskInstanceKey
     from airflow_quota_provider.executors.launcher import Launcher
-    from airflow_quota_provider.policy import Job, QuotaFile, State
-    from airflow_quota_provider.policy.backlog import Backlog
+    from airflow_quota_provider.policy import QuotaFile
 
 SCHEDULE_EVERY_S = 1.0
 
 
-class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
+class QuotaExecutor(BaseExecutor):
     """Runs tasks on GPUs handed out by shared quotas, on this machine or a fleet (see the module
     docstring)."""
 
@@ -79,33 +83,17 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.launcher: Launcher | None = None
-        self._last_keepalive = 0.0
+        """Set with the parts by :meth:`start`: the reconciler, the scheduler and the actor."""
+        self.reconciler: Reconciler | None = None
+        self.scheduler: Scheduler | None = None
+        self.actor: Actor | None = None
         self._last_schedule = 0.0
-        self._last_host_check = 0.0
-        self._fleet_problem = ""
         self._dirty = True
-        self._to_launch: list[QuotaJob] = []
-        self._policy_jobs: dict[tuple, Job] = {}
-        """(job row, preemptions, last checkpoint) -> the policy's job, from the last cycle."""
+        """Whether something changed since the scheduler last decided (then it decides this heartbeat)."""
         self._runtimes = RuntimeHistory()
         """Recent successful durations per task, for the expected runtime of newly queued jobs."""
-        self._checkpoints = CheckpointTimes(local_checkpoint_dir)
-        """When each running job last saved its work, for the victim order."""
-        self._backlogs: dict[str, Backlog] = {}
-        """Job queue -> its waiting jobs in queue order, kept between cycles."""
-        self._states: dict[str, State] = {}
-        """Job queue -> the state of the last scheduling cycle (for the metrics)."""
         self._gpu_seconds = GpuSecondsMeter()
-        self._now = time.time()
-        """This cycle's time by the database's clock (:func:`~airflow_quota_provider.models.coordination.db_now`)."""
-        self._locked: set[str] = set()
-        """The job queues (and :data:`UNQUEUED`) this cycle holds the lock of."""
-        self._missed = False
-        """Whether the other scheduler held some of them this cycle."""
         self._failed_cycles = 0
-        self._last_handover_check = 0.0
-        self._reported: dict[int, float] = {}
-        """Job id -> when its report was last sent (:meth:`_report` sends until Airflow acts)."""
         self._load_startup_config()
         self._estimates = StartEstimates(conf.getfloat("quota", "estimate_interval_s", fallback=30.0), self.log)
         """Estimated start times, forecast in a background thread from the states decided on."""
@@ -148,6 +136,7 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
             from airflow_quota_provider.executors.local_launcher import LocalLauncher
 
             self.launcher = LocalLauncher(Path(state_dir), self.config.devices)
+        self._start_parts(self.launcher)
         devices = self.config.devices
         self.log.info(
             "QuotaExecutor: %s launcher, %s from %s, quota file %s",
@@ -167,6 +156,21 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
             record_config_loaded(self.quota_file, self.config.path, session=session)  # usage charges from here
             self._sync_pools(session)
             self._warn_of_a_second_scheduler_on_sqlite(session)
+
+    def _start_parts(self, launcher: Launcher) -> None:
+        """The reconciler, the scheduler and the actor, each given only what it needs."""
+        checkpoints = CheckpointTimes(local_checkpoint_dir)  # when running jobs last saved: settling and victim order
+        name = getattr(self, "name", None)  # set by Airflow's loader after __init__
+        ours = {type(self).__name__, *(n for n in (getattr(name, "alias", None), getattr(name, "module_path", None)) if n)}
+        default = name is not None and ExecutorLoader.get_default_executor_name().module_path == name.module_path
+        self.reconciler = Reconciler(
+            launcher, self.config, checkpoints, self.log, executor_names=ours, default_executor=default
+        )
+        self.scheduler = Scheduler(launcher, checkpoints)
+        self.actor = Actor(
+            launcher, self.config, self.log,
+            token=lambda ti_id: workloads.ExecuteTask.generate_token(ti_id, self.jwt_generator),
+        )
 
     def _warn_of_a_second_scheduler_on_sqlite(self, session: Session) -> None:
         """SQLite has no advisory locks, so two schedulers there could hand the same GPUs out twice."""
@@ -195,9 +199,9 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
             return
         try:
             with create_session() as session:
-                self._begin_cycle(session)
-                self._watch_launches(session)
-                self._report(session)
+                cycle = self._begin_cycle(session)
+                self.reconciler.watch_launches(cycle)
+                self._tell_airflow(self.reconciler.reports(cycle))
         except Exception:
             self.log.exception("QuotaExecutor could not settle ended tasks at shutdown")
 
@@ -271,44 +275,26 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
     # ------------------------------------------------------------------------------------- sync
 
     def sync(self) -> None:
-        """One reconcile cycle over the tables; a failure is logged and retried next heartbeat."""
+        """One cycle over the tables: reconcile, then decide and act when something changed, and at
+        least every :data:`SCHEDULE_EVERY_S` for the rules that depend on time (``min_runtime_s``,
+        ``preemption_delay_s``) and priority edits. A failure is logged and retried next heartbeat."""
         if self.launcher is None:
             return
         try:
             with create_session() as session:
-                self._begin_cycle(session)
-                # Airflow's sessions do not autoflush: flush after each step so that the next
-                # step's queries see its changes.
-                for step in (
-                    self._fail_tasks_on_missing_pools,
-                    self._check_hosts,
-                    self._recover_unrecorded_launches,
-                    self._watch_launches,
-                    self._enforce_deadlines,
-                    self._report,
-                ):
-                    self._dirty |= bool(step(session))
+                cycle = self._begin_cycle(session)
+                self._dirty |= self.reconciler.reconcile(cycle)
+                self._tell_airflow(self.reconciler.reports(cycle))
+                session.flush()
+                if self._schedule_due(cycle):
+                    self.actor.act(cycle, self.scheduler.plan(cycle))
                     session.flush()
-                # Decide when something changed, and at least every SCHEDULE_EVERY_S for the rules
-                # that depend on time (min_runtime_s, preemption_delay_s) and priority edits. A
-                # change seen while the other scheduler held a queue (a task it has not read) stays
-                # to decide when this one holds it: the other may have decided before it committed.
-                now = time.monotonic()
-                if self._locked and (self._dirty or now - self._last_schedule >= SCHEDULE_EVERY_S):
-                    self._dirty = self._dirty and self._missed
-                    self._last_schedule = now
-                    self._schedule(session)
-                    session.flush()
-                    self._estimates.submit(self._states, self._now)
-                    # A queue decided by the other scheduler this heartbeat is read from the table.
-                    decided_all = all(q.name in self._locked for q in self.quota_file.queues)
-                    emit_metrics(self.quota_file, session=session, states=self._states if decided_all else None)
-                    self._gpu_seconds.emit(self.quota_file, session=session, now=self._now)
-                self._estimates.write(self._now, session=session)
-                self._keep_queued_alive(session)
-                self._forget_handed_over(session)
+                    self._publish(cycle)
+                self._estimates.write(cycle.now, session=session)
+                self.reconciler.keep_queued_alive(cycle)
+                if self.running:
+                    self.running.difference_update(self.reconciler.handed_over(cycle))
         except Exception:
-            self._to_launch = []  # rolled back: nothing of this cycle was written
             self._failed_cycles += 1
             if self._failed_cycles == 1:  # once per outage (a database restart fails every heartbeat)
                 self.log.exception("QuotaExecutor cycle failed; it is retried on every heartbeat until it works")
@@ -317,13 +303,42 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
             self.log.warning("QuotaExecutor cycles work again after %d failed", self._failed_cycles)
             self._failed_cycles = 0
 
-    def _begin_cycle(self, session: Session) -> None:
-        """Read the quota file if edited, the database's clock, and which job queues this executor
-        decides for this heartbeat (the locks go with the cycle's commit)."""
+    def _begin_cycle(self, session: Session) -> Cycle:
+        """Read the quota file if edited, then begin the cycle (the locks go with its commit)."""
         self._dirty |= self._reload_quota_file(session)
-        self._now = db_now(session)
-        self._locked = try_lock([q.name for q in self.quota_file.queues] + [UNQUEUED], session=session)
-        self._missed = len(self._locked) < len(self.quota_file.queues) + 1
+        return Cycle.begin(session, self.quota_file, self.job_id)
+
+    def _schedule_due(self, cycle: Cycle) -> bool:
+        """Whether to decide this heartbeat. A change seen while the other scheduler held a queue (a
+        task it has not read) stays to decide when this one holds it: the other may have decided
+        before it committed."""
+        now = time.monotonic()
+        if not cycle.locked or not (self._dirty or now - self._last_schedule >= SCHEDULE_EVERY_S):
+            return False
+        self._dirty = self._dirty and cycle.missed
+        self._last_schedule = now
+        return True
+
+    def _publish(self, cycle: Cycle) -> None:
+        """Hand the states just decided on to the start-time forecast and the metrics."""
+        states = self.scheduler.states
+        self._estimates.submit(states, cycle.now)
+        # A queue decided by the other scheduler this heartbeat is read from the table.
+        decided_all = all(q.name in cycle.locked for q in cycle.quota_file.queues)
+        emit_metrics(cycle.quota_file, session=cycle.session, states=states if decided_all else None)
+        self._gpu_seconds.emit(cycle.quota_file, session=cycle.session, now=cycle.now)
+
+    def _tell_airflow(self, reports: Iterable[tuple[TaskInstanceKey, Report]]) -> None:
+        """Send the reconciler's reports as executor events; a released task is only no longer counted."""
+        for key, report in reports:
+            if report == Report.RELEASED:
+                self.running.discard(key)
+                continue
+            self.running.add(key)  # change_state removes it (it may have been queued by another)
+            if report == Report.FAILED:
+                self.fail(key, info="QuotaExecutor: the task process was killed")
+            else:
+                self.success(key)
 
     # ----------------------------------------------------------------------------------- helpers
 
@@ -350,40 +365,25 @@ class QuotaExecutor(Reconcile, Schedule, Act, BaseExecutor):
         quota = extras.get("quota") or (pool if pool != Pool.DEFAULT_POOL_NAME else "") or conf.get(
             "quota", "default_quota", fallback=""
         )
-        now = db_now(session)
         # Locked until the scheduler commits: the other scheduler may be settling this job (a
         # preempted task queued again) and must not decide on what it read before.
-        job = self._job_for_key(ti.key, session, lock=True)
-        if job is None:
-            job = QuotaJob(
-                dag_id=ti.dag_id,
-                run_id=ti.run_id,
-                task_id=ti.task_id,
-                map_index=ti.map_index,
-                try_number=ti.try_number,
-                submitted_at=now,
-                priority=int(extras.get("priority", ti.priority_weight)),
-            )
-            session.add(job)
-        elif job.state in (JobState.FINISHED.value, JobState.FAILED.value):
-            job.submitted_at = now  # queued again after finishing (e.g. a sensor's reschedule)
-            job.priority = int(extras.get("priority", ti.priority_weight))
-        if job.state != JobState.STOPPING.value:
-            job.state = JobState.PENDING.value
-        job.ti_id = str(ti.id)
-        job.quota = str(quota)
-        job.gpus = int(extras.get("gpus", ti.pool_slots))
-        job.preemptible = bool(extras.get("preemptible", True))
-        job.max_preemptions = extras.get("max_preemptions")
-        job.grace_period_s = extras.get("grace_period_s")
-        job.expected_runtime_s = self._runtimes.expected(
-            ti.dag_id, ti.task_id, extras.get("expected_runtime_s"), session=session
+        job = self._job_for_key(ti.key, session, lock=True) or QuotaJob(
+            dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=ti.map_index, try_number=ti.try_number
         )
-        job.workload = workload.model_dump_json()
-        job.report = None  # queued again: Airflow has moved past the try that ended
-        job.pending_reason = job.pending_reason or "waiting for the next scheduling cycle"
-        session.flush()
-        record_event(EventKind.SUBMITTED, job=job, session=session, message=f"priority {job.priority}")
+        transitions.submit(
+            job,
+            workload=workload.model_dump_json(),
+            ti_id=str(ti.id),
+            quota=str(quota),
+            gpus=int(extras.get("gpus", ti.pool_slots)),
+            priority=int(extras.get("priority", ti.priority_weight)),
+            preemptible=bool(extras.get("preemptible", True)),
+            max_preemptions=extras.get("max_preemptions"),
+            grace_period_s=extras.get("grace_period_s"),
+            expected_runtime_s=self._runtimes.expected(ti.dag_id, ti.task_id, extras.get("expected_runtime_s"), session=session),
+            now=db_now(session),
+            session=session,
+        )
         return job
 
     def _reload_quota_file(self, session: Session) -> bool:

@@ -1,5 +1,5 @@
-"""Reconcile: bring the job table in line with what processes, hosts and Airflow did since the last
-heartbeat. Each step returns whether it changed something (then the next cycle decides anew)."""
+"""The reconciler: brings the job table in line with what processes, hosts and Airflow did since the
+last heartbeat. Each step returns whether it changed something (then the cycle decides anew)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from sqlalchemy import and_, or_, select, update
 
 from airflow.configuration import conf
-from airflow.executors.executor_loader import ExecutorLoader
 from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
 from airflow.models.taskinstancekey import TaskInstanceKey
@@ -32,9 +31,15 @@ from airflow_quota_provider.models.host import mark_lost_hosts
 from airflow_quota_provider.models.job import JobState, QuotaJob, Report
 
 if TYPE_CHECKING:
+    import logging
+    from collections.abc import Collection
+
     from sqlalchemy.orm import Session
 
-    from airflow_quota_provider.executors.quota_executor import QuotaExecutor
+    from airflow_quota_provider.executors.config import QuotaConfig
+    from airflow_quota_provider.executors.cycle import Cycle
+    from airflow_quota_provider.executors.launcher import Launcher
+    from airflow_quota_provider.executors.runtimes import CheckpointTimes
 
 # A stopping task whose supervisor has not ended it this long after its state was changed is killed.
 FORCE_KILL_AFTER_S = 60.0
@@ -46,24 +51,66 @@ _IN_TRY = frozenset({TaskInstanceState.QUEUED, TaskInstanceState.RUNNING})
 _HOLDING = tuple(s.value for s in JobState.holding())
 
 
-class Reconcile:
-    """Mixed into :class:`QuotaExecutor`."""
+class Reconciler:
+    """Settles what happened to the jobs since the last cycle: ended processes, lost hosts, passed
+    deadlines, launches never noted; and says what Airflow must hear of it (:meth:`reports`)."""
 
-    def _holding_handles(self: QuotaExecutor, session: Session) -> dict[str, int]:
+    def __init__(
+        self,
+        launcher: Launcher,
+        config: QuotaConfig,
+        checkpoints: CheckpointTimes,
+        log: logging.Logger,
+        *,
+        executor_names: Collection[str],
+        default_executor: bool,
+    ) -> None:
+        """``executor_names``: what a task instance's ``executor`` says when it is ours; with
+        ``default_executor``, a task instance that names none is ours too."""
+        self.launcher = launcher
+        self.config = config
+        self.checkpoints = checkpoints
+        self.log = log
+        self.executor_names = executor_names
+        self.default_executor = default_executor
+        self._last_host_check = 0.0
+        self._fleet_problem = ""
+        self._last_keepalive = 0.0
+        self._last_handover_check = 0.0
+        self._reported: dict[int, float] = {}
+        """Job id -> when its report was last sent (:meth:`reports` sends until Airflow acts)."""
+
+    def reconcile(self, cycle: Cycle) -> bool:
+        """Every step, in order; whether any changed something."""
+        changed = False
+        # Airflow's sessions do not autoflush: flush after each step so that the next step's
+        # queries see its changes.
+        for step in (
+            self.fail_tasks_on_missing_pools,
+            self.check_hosts,
+            self.recover_unrecorded_launches,
+            self.watch_launches,
+            self.enforce_deadlines,
+        ):
+            changed |= step(cycle)
+            cycle.session.flush()
+        return changed
+
+    def _holding_handles(self, cycle: Cycle) -> dict[str, int]:
         """Handle -> job id of every job holding devices under a launch, in the job queues this
         executor decides for this cycle."""
-        rows = session.execute(
+        rows = cycle.session.execute(
             select(QuotaJob.handle, QuotaJob.id).where(
                 QuotaJob.state.in_(_HOLDING),
                 QuotaJob.handle.is_not(None),
-                QuotaJob.queue_name.in_(self._locked),
+                QuotaJob.queue_name.in_(cycle.locked),
             )
         )
         return {handle: job_id for handle, job_id in rows}
 
-    def _check_hosts(self: QuotaExecutor, session: Session) -> bool:
-        """Mark hosts that stopped heartbeating as lost (their jobs are evicted by :meth:`_watch_launches`)."""
-        now = self._now
+    def check_hosts(self, cycle: Cycle) -> bool:
+        """Mark hosts that stopped heartbeating as lost (their jobs are evicted by :meth:`watch_launches`)."""
+        now, session = cycle.now, cycle.session
         if not self.launcher.places_on_hosts or now - self._last_host_check < HOST_CHECK_EVERY_S:
             return False
         if not try_lock([HOSTS], session=session):
@@ -72,20 +119,21 @@ class Reconcile:
         lost = mark_lost_hosts(conf.getfloat("quota", "host_lost_after_s", fallback=30.0), now=now, session=session)
         for host in lost:
             self.log.warning("GPU host %s lost: no heartbeat since %.0f s; its jobs are requeued", host.name, now - host.heartbeat_at)
-        self._check_fleet_size(session)
+        self._check_fleet_size(cycle)
         return bool(lost)
 
-    def _check_fleet_size(self: QuotaExecutor, session: Session) -> None:
+    def _check_fleet_size(self, cycle: Cycle) -> None:
         """Say (once per change) where the live hosts' GPUs disagree with the quota file: the hosts are
         what can run, the file's capacities are what the quotas share out."""
         gpus: dict[str, int] = {}
-        for host in self.launcher.hosts(self.quota_file, session=session):
+        for host in self.launcher.hosts(cycle.quota_file, session=cycle.session):
             if host.up:
                 gpus[host.queue] = gpus.get(host.queue, 0) + len(host.devices)
-        known = {queue.name for queue in self.quota_file.queues}
+        queues = cycle.quota_file.queues
+        known = {queue.name for queue in queues}
         problems = [
             f"job queue {queue.name}: capacity {queue.capacity} GPUs in {self.config.path}, live hosts have {gpus.get(queue.name, 0)}"
-            for queue in self.quota_file.queues
+            for queue in queues
             if gpus.get(queue.name, 0) != queue.capacity
         ] + [f"hosts serve job queue {name!r}, which is not in {self.config.path}" for name in sorted(set(gpus) - known)]
         message = "; ".join(problems)
@@ -96,18 +144,19 @@ class Reconcile:
             else:
                 self.log.info("GPU fleet matches the quota file")
 
-    def _recover_unrecorded_launches(self: QuotaExecutor, session: Session) -> bool:
+    def recover_unrecorded_launches(self, cycle: Cycle) -> bool:
         """Jobs holding GPUs with no launch on their row: their scheduler stopped, or lost the
         database, between committing the admission and noting the launch. Past ``[quota]
         launch_start_timeout_s`` such a job takes back the launch its host got, or goes back to its
         place (a stopping one is settled: nothing of it runs). Without this it held its GPUs for ever."""
-        cutoff = self._now - conf.getfloat("quota", "launch_start_timeout_s", fallback=60.0)
+        session = cycle.session
+        cutoff = cycle.now - conf.getfloat("quota", "launch_start_timeout_s", fallback=60.0)
         jobs = session.scalars(
             select(QuotaJob)
             .where(
                 QuotaJob.state.in_(_HOLDING),
                 QuotaJob.handle.is_(None),
-                QuotaJob.queue_name.in_(self._locked),
+                QuotaJob.queue_name.in_(cycle.locked),
                 QuotaJob.started_at < cutoff,
             )
             .with_for_update()
@@ -119,15 +168,16 @@ class Reconcile:
             elif job.state == JobState.RUNNING.value:
                 transitions.launch_failed(job, "its scheduler stopped while launching it; launched again", session=session)
             else:
-                self._settle(job, ti_state(job, session), None, session)
+                self._settle(job, ti_state(job, session), None, cycle)
             self.log.warning("%s had no launch on record after its admission: %s", job.ti_label(),
                              f"took back launch {handle}" if handle else "undone")
         return bool(jobs)
 
-    def _watch_launches(self: QuotaExecutor, session: Session) -> bool:
+    def watch_launches(self, cycle: Cycle) -> bool:
         """Settle jobs whose process has ended or whose host is lost: finished, preempted, evicted, or
         past the preemption limit."""
-        handles = self._holding_handles(session)
+        session = cycle.session
+        handles = self._holding_handles(cycle)
         if not handles:
             return False
         changed = False
@@ -149,7 +199,7 @@ class Reconcile:
                     continue
                 ended = f"task process ended, task {state}"
             elif status.liveness == Liveness.LOST:
-                self._evict(job, state, session)
+                self._evict(job, state, cycle)
                 changed = True
                 continue
             elif status.liveness == Liveness.NEVER_STARTED and job.state == JobState.RUNNING.value:
@@ -161,15 +211,16 @@ class Reconcile:
             else:
                 ended = f"exit code {status.rc}" if status.rc is not None else None
             self.launcher.forget(job.handle, session=session)
-            self._settle(job, state, ended, session)
+            self._settle(job, state, ended, cycle)
             changed = True
         return changed
 
-    def _settle(self: QuotaExecutor, job: QuotaJob, state: str | None, ended: str | None, session: Session) -> None:
-        """The job's process is gone: free its devices; what Airflow hears of it is :meth:`_report`'s."""
+    def _settle(self, job: QuotaJob, state: str | None, ended: str | None, cycle: Cycle) -> None:
+        """The job's process is gone: free its devices; what Airflow hears of it is :meth:`reports`'s."""
+        session = cycle.session
         if job.state == JobState.STOPPING.value and job.preempt_fail_message:
             fail_ti(job, job.preempt_fail_message, session)
-            transitions.fail_at_limit(job, now=self._now, session=session)
+            transitions.fail_at_limit(job, now=cycle.now, session=session)
         elif job.state == JobState.STOPPING.value and state in BACK_IN_LINE | {TaskInstanceState.RUNNING}:
             if state == TaskInstanceState.RUNNING:
                 # Killed while it started (its task instance was still queued at the deadline): the
@@ -178,15 +229,16 @@ class Reconcile:
                 state = TaskInstanceState.UP_FOR_RESCHEDULE
             requeued = state == TaskInstanceState.QUEUED and bool(job.workload)
             ti = (job.dag_id, job.run_id, job.task_id, job.map_index)
-            saved = self._checkpoints.last_at(job.id, ti, job.started_at, fresh=True)
+            saved = self.checkpoints.last_at(job.id, ti, job.started_at, fresh=True)
             transitions.settle_stopped(job, requeued=requeued, checkpoint_at=saved, session=session)
         else:
-            transitions.finish(job, ended or "process killed", killed=ended is None, now=self._now, session=session)
+            transitions.finish(job, ended or "process killed", killed=ended is None, now=cycle.now, session=session)
 
-    def _report(self: QuotaExecutor, session: Session) -> bool:
-        """Tell this scheduler how the jobs of the task instances it queued ended, whichever
-        scheduler settled them (Airflow heeds an executor event only from the scheduler that queued
-        the task, ``queued_by_job_id``; a gone scheduler's task instances wait to be adopted).
+    def reports(self, cycle: Cycle) -> list[tuple[TaskInstanceKey, Report]]:
+        """What this scheduler must tell Airflow of the jobs of the task instances it queued,
+        whichever scheduler settled them (Airflow heeds an executor event only from the scheduler
+        that queued the task, ``queued_by_job_id``; a gone scheduler's task instances wait to be
+        adopted): (key, report), :attr:`Report.RELEASED` to stop counting it as running, no event.
 
         Delivery is at least once: Airflow drops an event whose task instance another transaction
         has locked at that moment (``skip_locked``), and a task whose process ended before it
@@ -199,53 +251,49 @@ class Reconcile:
             .outerjoin(ti, and_(*ti_filter(QuotaJob)))
             .where(QuotaJob.report.is_not(None))
         )
-        if self.job_id is not None:
-            query = query.where(or_(ti.queued_by_job_id == self.job_id, ti.queued_by_job_id.is_(None)))
+        if cycle.scheduler_job is not None:
+            query = query.where(or_(ti.queued_by_job_id == cycle.scheduler_job, ti.queued_by_job_id.is_(None)))
         now = time.monotonic()
-        for job, state, try_number in session.execute(query.with_for_update(of=QuotaJob, skip_locked=True)).all():
+        reports: list[tuple[TaskInstanceKey, Report]] = []
+        for job, state, try_number in cycle.session.execute(query.with_for_update(of=QuotaJob, skip_locked=True)).all():
             key = ti_key(job)
             if job.report == Report.RELEASED.value:
-                self.running.discard(key)
+                reports.append((key, Report.RELEASED))
                 job.report = None
                 continue
             last = self._reported.get(job.id)
             if last is None or now - last >= REPORT_AGAIN_S:
                 last = now
-                self.running.add(key)  # change_state removes it (it may have been queued by another)
-                if job.report == Report.FAILED.value:
-                    self.fail(key, info="QuotaExecutor: the task process was killed")
-                else:
-                    self.success(key)
+                reports.append((key, Report(job.report)))
             if try_number == job.try_number and state in _IN_TRY:
                 self._reported[job.id] = last  # Airflow has not acted on it (yet)
             else:
                 job.report = None
                 self._reported.pop(job.id, None)
-        return False
+        return reports
 
-    def _forget_handed_over(self: QuotaExecutor, session: Session) -> None:
-        """Stop counting task instances that another scheduler queued again (after a preemption
-        settled elsewhere): that scheduler's executor holds them now."""
-        if self.job_id is None or not self.running or self._now - self._last_handover_check < HANDOVER_CHECK_EVERY_S:
-            return
-        self._last_handover_check = self._now
+    def handed_over(self, cycle: Cycle) -> list[TaskInstanceKey]:
+        """Task instances that another scheduler queued again (after a preemption settled
+        elsewhere): that scheduler's executor holds them now, this one stops counting them."""
+        if cycle.scheduler_job is None or cycle.now - self._last_handover_check < HANDOVER_CHECK_EVERY_S:
+            return []
+        self._last_handover_check = cycle.now
         ti = TaskInstance
-        rows = session.execute(
+        rows = cycle.session.execute(
             select(ti.dag_id, ti.task_id, ti.run_id, ti.try_number, ti.map_index).where(
-                ti.queued_by_job_id != self.job_id,
+                ti.queued_by_job_id != cycle.scheduler_job,
                 ti.state.in_([TaskInstanceState.QUEUED, TaskInstanceState.RUNNING, TaskInstanceState.UP_FOR_RESCHEDULE]),
             )
         )
-        for row in rows:
-            self.running.discard(TaskInstanceKey(*row))
+        return [TaskInstanceKey(*row) for row in rows]
 
-    def _evict(self: QuotaExecutor, job: QuotaJob, state: str | None, session: Session) -> None:
+    def _evict(self, job: QuotaJob, state: str | None, cycle: Cycle) -> None:
         """The job's host is lost: stop its task instance without a retry and put the job back in
         line. A supervisor that is still alive over there sees 409 on its next heartbeat and stops."""
-        why = f"host {job.host} lost"
+        why, session = f"host {job.host} lost", cycle.session
         self.launcher.forget(job.handle, session=session)
         if job.state == JobState.STOPPING.value and job.preempt_fail_message:
-            self._settle(job, state, None, session)
+            self._settle(job, state, None, cycle)
             return
         if state == TaskInstanceState.RUNNING:
             set_ti_state(job, TaskInstanceState.UP_FOR_RESCHEDULE, from_states=[TaskInstanceState.RUNNING], session=session)
@@ -254,14 +302,14 @@ class Reconcile:
         transitions.evict(job, requeued=requeued, why=why, session=session)
         self.log.warning("Evicted %s: %s; it waits at its original place", job.ti_label(), why)
 
-    def _enforce_deadlines(self: QuotaExecutor, session: Session) -> bool:
+    def enforce_deadlines(self, cycle: Cycle) -> bool:
         """Past its grace period, a stopping task is set to up_for_reschedule so that its supervisor
         ends it (or to failed, past its preemption limit); it is killed if that does not work."""
-        now = self._now
+        now, session = cycle.now, cycle.session
         changed = False
         stopping = session.scalars(
             select(QuotaJob)
-            .where(QuotaJob.state == JobState.STOPPING.value, QuotaJob.queue_name.in_(self._locked))
+            .where(QuotaJob.state == JobState.STOPPING.value, QuotaJob.queue_name.in_(cycle.locked))
             .with_for_update()
         ).all()
         for job in stopping:
@@ -282,7 +330,7 @@ class Reconcile:
             self.log.info("Grace period over for %s: task set to %s", job.ti_label(), target.value)
         return changed
 
-    def _keep_queued_alive(self: QuotaExecutor, session: Session) -> bool:
+    def keep_queued_alive(self, cycle: Cycle) -> bool:
         """Refresh queued_dttm of tasks waiting for quota (or launched and still starting) so that
         ``task_queued_timeout`` does not revoke them and, after two revokes, fail them."""
         now = time.time()
@@ -307,7 +355,7 @@ class Reconcile:
             )
             .exists()
         )
-        result = session.execute(
+        result = cycle.session.execute(
             update(TaskInstance)
             .where(
                 waiting,
@@ -319,17 +367,15 @@ class Reconcile:
         )
         return bool(result.rowcount)
 
-    def _fail_tasks_on_missing_pools(self: QuotaExecutor, session: Session) -> bool:
+    def fail_tasks_on_missing_pools(self, cycle: Cycle) -> bool:
         """Fail our tasks whose pool is neither a quota nor an Airflow pool.
 
         Airflow never queues a task whose pool does not exist, so a task naming an unknown quota as
         its pool would otherwise wait for ever without a word (quota pools exist: _sync_pools).
         """
-        name = getattr(self, "name", None)
-        ours = {type(self).__name__, *(n for n in (getattr(name, "alias", None), getattr(name, "module_path", None)) if n)}
-        executor = TaskInstance.executor.in_(ours)
-        default = ExecutorLoader.get_default_executor_name()
-        if name is not None and default.module_path == name.module_path:
+        session = cycle.session
+        executor = TaskInstance.executor.in_(self.executor_names)
+        if self.default_executor:
             executor = or_(executor, TaskInstance.executor.is_(None))
         tis = session.scalars(
             select(TaskInstance).where(
@@ -338,7 +384,7 @@ class Reconcile:
                 executor,
             )
         ).all()
-        quotas = ", ".join(q.name for queue in self.quota_file.queues for q in queue.quotas)
+        quotas = ", ".join(q.name for queue in cycle.quota_file.queues for q in queue.quotas)
         for ti in tis:
             message = (
                 f"pool: {ti.pool!r} is not one of the quotas {quotas} (nor an Airflow pool), "

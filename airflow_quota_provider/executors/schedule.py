@@ -1,5 +1,5 @@
-"""Schedule: build each job queue's policy state from the tables and the launcher's hosts, and ask
-the policy core what to do. Acting on the answer is :mod:`.act`'s."""
+"""The scheduler: builds each job queue's policy state from the tables and the launcher's hosts, and
+asks the policy core what to do. Acting on the answer is :mod:`.act`'s."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from airflow_quota_provider.policy.backlog import Backlog
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from airflow_quota_provider.executors.quota_executor import QuotaExecutor
+    from airflow_quota_provider.executors.cycle import Cycle
+    from airflow_quota_provider.executors.launcher import Launcher
+    from airflow_quota_provider.executors.runtimes import CheckpointTimes
 
 
 NO_HOST = "(no GPU host registered yet)"
@@ -41,38 +43,59 @@ class QueueCycle:
     decision: Decision | None = None
 
 
-class Schedule:
-    """Mixed into :class:`QuotaExecutor`."""
+@dataclass
+class Plan:
+    """What the scheduler decided in one cycle, for the actor (:mod:`.act`) to carry out."""
 
-    def _schedule(self: QuotaExecutor, session: Session) -> bool:
-        """Decide for every job queue with jobs, then act on the decisions.
+    queues: list[QueueCycle] = field(default_factory=list)
+    """The job queues this cycle decides for, in quota-file order, each with its decision."""
+    unknown: list[int] = field(default_factory=list)
+    """Waiting jobs whose quota no job queue has: they can never run."""
+
+
+class Scheduler:
+    """Builds each job queue's policy state from the tables and the launcher's hosts and asks the
+    policy what to do. Keeps between cycles what is costly to rebuild: the policy's jobs and the
+    queues' backlogs."""
+
+    def __init__(self, launcher: Launcher, checkpoints: CheckpointTimes) -> None:
+        self.launcher = launcher
+        self.checkpoints = checkpoints
+        self._policy_jobs: dict[tuple, Job] = {}
+        """(job row, preemptions, last checkpoint) -> the policy's job, from the last cycle."""
+        self._backlogs: dict[str, Backlog] = {}
+        """Job queue -> its waiting jobs in queue order, kept between cycles."""
+        self.states: dict[str, State] = {}
+        """Job queue -> the state of the last cycle that decided it (for the metrics and forecasts)."""
+
+    def plan(self, cycle: Cycle) -> Plan:
+        """Decide for every job queue with jobs.
 
         The jobs are read as plain rows (ten thousand waiting jobs are cheap to read, not to build
-        as ORM objects); :mod:`.act` loads the few it changes.
+        as ORM objects); the actor loads the few it changes.
         """
-        jobs = active_job_rows(session=session)
+        jobs = active_job_rows(session=cycle.session)
         if not jobs:
-            self._states, self._backlogs = {}, {}
-            return False
-        now = self._now
-        cycles, changed = self._queue_states(jobs, session)
-        self._states = {}
+            self.states, self._backlogs = {}, {}
+            return Plan()
+        plan = self._queue_states(jobs, cycle)
+        self.states = {}
         # Kept for queues the other scheduler decided this heartbeat: brought up to date when ours again.
-        kept = {name: b for name, b in self._backlogs.items() if name not in self._locked}
-        self._backlogs = kept | {c.queue.name: _backlog(self._backlogs.get(c.queue.name), c.pending) for c in cycles}
-        for cycle in cycles:
-            state = self._states[cycle.queue.name] = self._policy_state(cycle, self._backlogs[cycle.queue.name])
-            cycle.decision = decide(state, now)
-            changed |= self._act(cycle, now, session)
-        return self._launch_admitted(session) or changed
+        kept = {name: b for name, b in self._backlogs.items() if name not in cycle.locked}
+        self._backlogs = kept | {c.queue.name: _backlog(self._backlogs.get(c.queue.name), c.pending) for c in plan.queues}
+        for queue in plan.queues:
+            state = self.states[queue.queue.name] = self._policy_state(queue, self._backlogs[queue.queue.name])
+            queue.decision = decide(state, cycle.now)
+        return plan
 
-    def _queue_states(self: QuotaExecutor, jobs: Sequence[ActiveJob], session: Session) -> tuple[list[QueueCycle], bool]:
-        """Group the jobs by job queue as the policy sees them; jobs of unknown quotas are rejected."""
+    def _queue_states(self, jobs: Sequence[ActiveJob], cycle: Cycle) -> Plan:
+        """Group the jobs by job queue as the policy sees them; jobs of unknown quotas go apart."""
+        session = cycle.session
         counts = _preemption_counts(session)
-        hosts = self.launcher.hosts(self.quota_file, session=session)
+        hosts = self.launcher.hosts(cycle.quota_file, session=session)
         cycles: dict[str, QueueCycle] = {}
-        changed = False
-        queue_of = {q.name: queue for queue in self.quota_file.queues for q in queue.quotas}
+        unknown: list[int] = []
+        queue_of = {q.name: queue for queue in cycle.quota_file.queues for q in queue.quotas}
         known, seen = self._policy_jobs, {}
         holding: set[int] = set()
         moved: dict[str, list[int]] = {}
@@ -82,63 +105,52 @@ class Schedule:
                 continue  # revoked or not yet queued again: keeps its place, invisible until then
             queue = queue_of.get(job.quota)
             if queue is None:
-                if job.state == _PENDING and UNQUEUED in self._locked:
-                    row = session.get(QuotaJob, job.id)
-                    self._reject(row, self._unknown_quota_message(row, list(queue_of)), session)
-                    changed = True
+                if job.state == _PENDING and UNQUEUED in cycle.locked:
+                    unknown.append(job.id)
                 continue
-            if queue.name not in self._locked:
+            if queue.name not in cycle.locked:
                 continue  # the other scheduler decides for this queue this heartbeat
             if job.queue_name != queue.name:
                 moved.setdefault(queue.name, []).append(job.id)
-            cycle = cycles.get(queue.name)
-            if cycle is None:
-                cycle = cycles[queue.name] = QueueCycle(queue, [h for h in hosts if h.queue == queue.name])
+            queue_cycle = cycles.get(queue.name)
+            if queue_cycle is None:
+                queue_cycle = cycles[queue.name] = QueueCycle(queue, [h for h in hosts if h.queue == queue.name])
             checkpoint = None
             if job.state != _PENDING:
                 ti = (job.dag_id, job.run_id, job.task_id, job.map_index)
-                checkpoint = self._checkpoints.last_at(job.id, ti, job.started_at)
+                checkpoint = self.checkpoints.last_at(job.id, ti, job.started_at)
                 holding.add(job.id)
             # The same columns, count and checkpoint give the same policy job: most cycles rebuild none.
             key = (job[:_DECIDED_ON], counts.get(job.id, 0), checkpoint)
             pj = known.get(key) or policy_job(job, key[1], placed=placed, last_checkpoint_at=checkpoint)
             seen[key] = pj
             if job.state == _PENDING:
-                cycle.pending[pj.id] = pj
-                cycle.said[pj.id] = (job.pending_reason, job.pending_position)
+                queue_cycle.pending[pj.id] = pj
+                queue_cycle.said[pj.id] = (job.pending_reason, job.pending_position)
             else:
-                cycle.running.append(pj)
+                queue_cycle.running.append(pj)
         self._policy_jobs = seen
-        self._checkpoints.forget_all_but(holding)
+        self.checkpoints.forget_all_but(holding)
         for name, ids in moved.items():  # new jobs, or a quota moved to another queue by an edit
             session.execute(
                 update(QuotaJob).where(QuotaJob.id.in_(ids)).values(queue_name=name).execution_options(synchronize_session=False)
             )
-        ordered = [cycles[q.name] for q in self.quota_file.queues if q.name in cycles]
-        return ordered, changed
+        return Plan([cycles[q.name] for q in cycle.quota_file.queues if q.name in cycles], unknown)
 
-    def _policy_state(self: QuotaExecutor, cycle: QueueCycle, backlog: Backlog) -> State:
+    def _policy_state(self, queue: QueueCycle, backlog: Backlog) -> State:
         """The queue as the policy sees it; on a fleet with its hosts, a lost one down (it still
         counts for the rule on a job larger than every host, so that waits instead of failing)."""
         if not self.launcher.places_on_hosts:
-            return State.for_queue(cycle.queue, cycle.running, backlog)
-        hosts = {h.name: Host(h.name, len(h.devices), down=not h.up) for h in cycle.hosts}
+            return State.for_queue(queue.queue, queue.running, backlog)
+        hosts = {h.name: Host(h.name, len(h.devices), down=not h.up) for h in queue.hosts}
         unknown: dict[str, int] = {}  # a job on a host no longer registered: down, as large as its jobs
-        for job in cycle.running:
+        for job in queue.running:
             if job.host not in hosts:
                 unknown[job.host] = unknown.get(job.host, 0) + job.gpus
         hosts.update((name, Host(name, gpus, down=True)) for name, gpus in unknown.items())
         if not hosts:  # none registered yet (the scheduler started first): jobs wait for them
-            hosts[NO_HOST] = Host(NO_HOST, cycle.queue.capacity, down=True)
-        return State.for_queue(cycle.queue, cycle.running, backlog, hosts=sorted(hosts.values(), key=lambda h: h.name))
-
-    def _unknown_quota_message(self: QuotaExecutor, job: QuotaJob, names: list[str]) -> str:
-        if not job.quota:
-            return (
-                f"task {job.ti_label()} has no quota: set pool=<quota> (one of {', '.join(names)}) "
-                'or executor_config={"quota": {"quota": <quota>}}'
-            )
-        return f"quota: {job.quota!r} is not one of {', '.join(names)} (quota file {self.config.path})"
+            hosts[NO_HOST] = Host(NO_HOST, queue.queue.capacity, down=True)
+        return State.for_queue(queue.queue, queue.running, backlog, hosts=sorted(hosts.values(), key=lambda h: h.name))
 
 
 def _backlog(backlog: Backlog | None, pending: dict[str, Job]) -> Backlog:

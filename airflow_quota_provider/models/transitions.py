@@ -55,6 +55,46 @@ def _clear_stop(job: QuotaJob) -> None:
     job.preempted_for = job.preempt_deadline = job.forced_at = None
 
 
+_SUBMITTABLE = (JobState.PENDING, JobState.STOPPING, JobState.PREEMPTED, JobState.FINISHED, JobState.FAILED)
+
+
+def submit(
+    job: QuotaJob,
+    *,
+    workload: str,
+    ti_id: str,
+    quota: str,
+    gpus: int,
+    priority: int,
+    preemptible: bool,
+    max_preemptions: int | None,
+    grace_period_s: float | None,
+    expected_runtime_s: float | None,
+    now: float,
+    session: Session,
+) -> None:
+    """new, pending, preempted, finished or failed -> pending: Airflow queued the job's task with
+    ``workload``. A known job keeps its place (``submitted_at``) and its priority (a person may have
+    changed it), unless it had ended: its task is queued again on the same try (a sensor's
+    reschedule). A stopping one stays stopping until its process is gone (its task was queued again
+    before that), and a running one is refused: it holds devices under its launch."""
+    if job.state is None:  # not yet in the table
+        session.add(job)
+    else:
+        _require(job, "submit", *_SUBMITTABLE)
+    if job.state in (None, JobState.FINISHED.value, JobState.FAILED.value):
+        job.submitted_at, job.priority = now, priority
+    if job.state != JobState.STOPPING.value:
+        job.state = JobState.PENDING.value
+    job.ti_id, job.quota, job.gpus, job.preemptible = ti_id, quota, gpus, preemptible
+    job.max_preemptions, job.grace_period_s, job.expected_runtime_s = max_preemptions, grace_period_s, expected_runtime_s
+    job.workload = workload
+    job.report = None  # queued again: Airflow has moved past the try that ended
+    job.pending_reason = job.pending_reason or "waiting for the next scheduling cycle"
+    session.flush()
+    record_event(EventKind.SUBMITTED, job=job, session=session, message=f"priority {job.priority}")
+
+
 def admit(job: QuotaJob, *, host: str, devices: Sequence[str], now: float, by: str | None = None, session: Session) -> None:
     """pending -> running on ``devices`` of ``host`` (recorded before any process exists); ``by``:
     which scheduler decided it."""

@@ -1,7 +1,7 @@
 """Reports reach Airflow at least once: Airflow drops an executor event whose task instance another
 transaction holds locked (``skip_locked``), so a report stays until the task instance leaves the try.
 
-The real executor's reconcile step over a real database (SQLite, Airflow's ``task_instance`` table
+The real executor's reports, from its reconciler, over a real database (SQLite, Airflow's ``task_instance`` table
 beside the provider's); Airflow dropping the event is what it does, popping the event buffer.
 """
 
@@ -17,6 +17,8 @@ from sqlalchemy.orm import Session
 from airflow.models.taskinstance import TaskInstance
 from airflow.utils.state import TaskInstanceState
 from airflow_quota_provider.executors import reconcile
+from airflow_quota_provider.executors.celery_launcher import CeleryLauncher
+from airflow_quota_provider.executors.cycle import Cycle
 from airflow_quota_provider.executors.quota_executor import QuotaExecutor
 from airflow_quota_provider.models.job import JobState, QuotaJob, Report
 from tests.executors.conftest import Clock
@@ -29,7 +31,14 @@ QUOTAS = "queues:\n  - name: q\n    capacity: 1\n    quotas:\n      - {name: tea
 def executor(executor_for) -> QuotaExecutor:
     executor = executor_for(QUOTAS)
     executor.job_id = SCHEDULER_JOB
+    executor._start_parts(CeleryLauncher(app=object()))  # reports read no launcher
     return executor
+
+
+def _report(executor: QuotaExecutor, db: Session) -> None:
+    """One cycle's reports, told to Airflow as the executor's ``sync`` does."""
+    cycle = Cycle.begin(db, executor.quota_file, executor.job_id)
+    executor._tell_airflow(executor.reconciler.reports(cycle))
 
 
 @pytest.fixture
@@ -60,25 +69,25 @@ def _ti_to(db: Session, state: TaskInstanceState) -> None:
 
 def test_a_report_airflow_dropped_is_sent_again_until_the_task_instance_leaves_the_try(db, executor, clock):
     job = _killed_before_it_started(db)
-    executor._report(db)
+    _report(executor, db)
     (key,) = executor.get_event_buffer()  # Airflow pops every event, and drops this one (row locked)
     assert key.task_id == "t" and key.try_number == 1
 
-    executor._report(db)
+    _report(executor, db)
     assert executor.get_event_buffer() == {}, "not every heartbeat"
     assert job.report == Report.FAILED.value, "kept: the task instance is still queued"
 
     clock.now += reconcile.REPORT_AGAIN_S
-    executor._report(db)
+    _report(executor, db)
     assert [state for state, _ in executor.get_event_buffer().values()] == [TaskInstanceState.FAILED]
 
     _ti_to(db, TaskInstanceState.FAILED)  # Airflow acted on it
     clock.now += reconcile.REPORT_AGAIN_S
-    executor._report(db)
+    _report(executor, db)
     executor.get_event_buffer()
     assert job.report is None
     clock.now += reconcile.REPORT_AGAIN_S
-    executor._report(db)
+    _report(executor, db)
     assert executor.get_event_buffer() == {}, "settled: never sent again"
 
 
@@ -86,7 +95,7 @@ def test_a_report_whose_task_instance_already_ended_is_sent_once(db, executor, c
     job = _killed_before_it_started(db)
     job.report = Report.SUCCESS.value
     _ti_to(db, TaskInstanceState.SUCCESS)  # the task said so itself before its process ended
-    executor._report(db)
+    _report(executor, db)
     assert [state for state, _ in executor.get_event_buffer().values()] == [TaskInstanceState.SUCCESS]
     assert job.report is None
 
@@ -95,6 +104,6 @@ def test_a_gone_schedulers_report_waits_for_the_scheduler_that_adopts_its_task_i
     """Airflow ignores an event from a scheduler that did not queue the task: taken by any other,
     the report would be lost, and the adopter would see nothing to report."""
     job = _killed_before_it_started(db, queued_by=SCHEDULER_JOB + 1)
-    executor._report(db)
+    _report(executor, db)
     assert executor.get_event_buffer() == {}
     assert job.report == Report.FAILED.value

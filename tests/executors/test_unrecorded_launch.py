@@ -2,7 +2,7 @@
 between committing the admission and noting the launch) does not hold its GPUs for ever: past
 ``launch_start_timeout_s`` it takes back the launch its host got, or goes back to its place.
 
-The real executor's reconcile step and the Celery launcher's launch table on a real (SQLite) database.
+The executor's reconciler and the Celery launcher's launch table on a real (SQLite) database.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from sqlalchemy.orm import Session
 from airflow.models.taskinstance import TaskInstance
 from airflow.utils.state import TaskInstanceState
 from airflow_quota_provider.executors.celery_launcher import CeleryLauncher
+from airflow_quota_provider.executors.cycle import Cycle
 from airflow_quota_provider.executors.quota_executor import QuotaExecutor
+from airflow_quota_provider.executors.reconcile import Reconciler
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.host import record_launch
 from airflow_quota_provider.models.job import JobState, QuotaJob, devices_of
@@ -27,12 +29,16 @@ QUOTAS = "queues:\n  - name: q\n    capacity: 4\n    quotas:\n      - {name: tea
 
 
 @pytest.fixture
-def executor(executor_for, monkeypatch) -> QuotaExecutor:
+def reconciler(executor_for, monkeypatch) -> Reconciler:
     monkeypatch.setenv("AIRFLOW__QUOTA__LAUNCH_START_TIMEOUT_S", str(TIMEOUT_S))
-    executor = executor_for(QUOTAS)
-    executor.launcher = CeleryLauncher(app=object())  # only its launch table is read here
-    executor._locked, executor._now = {"q"}, NOW
-    return executor
+    executor: QuotaExecutor = executor_for(QUOTAS)
+    executor._start_parts(CeleryLauncher(app=object()))  # only its launch table is read here
+    return executor.reconciler
+
+
+@pytest.fixture
+def cycle(db, reconciler) -> Cycle:
+    return Cycle(db, NOW, reconciler.config.quota_file, frozenset({"q"}))
 
 
 def _admitted(db: Session, task_id: str, *, at: float) -> QuotaJob:
@@ -50,30 +56,30 @@ def _admitted(db: Session, task_id: str, *, at: float) -> QuotaJob:
     return job
 
 
-def test_an_admission_with_no_launch_anywhere_goes_back_to_its_place_after_the_timeout(db, executor):
+def test_an_admission_with_no_launch_anywhere_goes_back_to_its_place_after_the_timeout(db, reconciler, cycle):
     job = _admitted(db, "t0", at=NOW - TIMEOUT_S - 1)
-    assert executor._recover_unrecorded_launches(db)
+    assert reconciler.recover_unrecorded_launches(cycle)
     assert (job.state, job.handle, devices_of(job.id, session=db)) == (JobState.PENDING.value, None, [])
 
 
-def test_an_admission_whose_host_got_the_launch_takes_it_back(db, executor):
+def test_an_admission_whose_host_got_the_launch_takes_it_back(db, reconciler, cycle):
     job = _admitted(db, "t1", at=NOW - TIMEOUT_S - 1)
     record_launch("quota-1-old", job_id=job.id, host="gpu-a", session=db).sent_at = NOW - 2 * TIMEOUT_S  # an earlier run's
     record_launch("quota-1-late", job_id=job.id, host="gpu-a", session=db).sent_at = NOW - TIMEOUT_S
-    assert executor._recover_unrecorded_launches(db)
+    assert reconciler.recover_unrecorded_launches(cycle)
     assert (job.state, job.handle) == (JobState.RUNNING.value, "quota-1-late")
 
 
-def test_an_admission_still_within_the_timeout_is_left_to_the_scheduler_launching_it(db, executor):
+def test_an_admission_still_within_the_timeout_is_left_to_the_scheduler_launching_it(db, reconciler, cycle):
     job = _admitted(db, "t2", at=NOW - 5)
-    assert not executor._recover_unrecorded_launches(db)
+    assert not reconciler.recover_unrecorded_launches(cycle)
     assert (job.state, job.handle) == (JobState.RUNNING.value, None)
 
 
-def test_a_preempted_admission_with_no_launch_is_settled_back_in_line(db, executor):
+def test_a_preempted_admission_with_no_launch_is_settled_back_in_line(db, reconciler, cycle):
     job = _admitted(db, "t3", at=NOW - TIMEOUT_S - 1)
     transitions.begin_stop(job, preemptor="urgent", reason="reclaim", deadline=NOW - TIMEOUT_S, fail_message=None, session=db)
     assert job.state == JobState.STOPPING.value
-    assert executor._recover_unrecorded_launches(db)
+    assert reconciler.recover_unrecorded_launches(cycle)
     assert job.state not in (JobState.RUNNING.value, JobState.STOPPING.value)
     assert devices_of(job.id, session=db) == []

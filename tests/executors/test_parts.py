@@ -1,0 +1,242 @@
+"""The executor's parts, cycle by cycle, over a real database: the scheduler decides, the actor
+launches on a GPU host and tells victims to stop, the reconciler settles what hosts and processes did.
+
+Rows are seeded in SQLite (Airflow's ``task_instance`` beside the provider's tables), the host side
+is the Celery launcher's tables written by the functions a GPU host's worker calls, tasks go out
+through a real Celery app on an in-memory broker, and time moves with ``time_machine`` (the cycle's
+clock on SQLite is the machine's). Each test runs in well under a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import pytest
+from celery import Celery
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session
+
+from airflow.executors import workloads
+from airflow.models.taskinstance import TaskInstance
+from airflow.utils.state import TaskInstanceState
+from airflow_quota_provider.executors.act import Actor
+from airflow_quota_provider.executors.celery_launcher import CeleryLauncher
+from airflow_quota_provider.executors.config import QuotaConfig
+from airflow_quota_provider.executors.cycle import Cycle
+from airflow_quota_provider.executors.launcher import Launcher, Liveness
+from airflow_quota_provider.executors.local_launcher import LocalLauncher
+from airflow_quota_provider.executors.reconcile import FORCE_KILL_AFTER_S, Reconciler
+from airflow_quota_provider.executors.runtimes import CheckpointTimes, local_checkpoint_dir
+from airflow_quota_provider.executors.schedule import Scheduler
+from airflow_quota_provider.models import transitions
+from airflow_quota_provider.models.host import QuotaHost, QuotaLaunch, end_launch, start_launch
+from airflow_quota_provider.models.job import JobState, QuotaEvent, QuotaJob, devices_of, preemption_count
+from airflow_quota_provider.policy import PreemptionReason
+
+NOW = 1_800_000_000.0
+LOG = logging.getLogger(__name__)
+CHECKPOINTS = CheckpointTimes(local_checkpoint_dir)  # no checkpoint directories here: always none
+SCHEDULER_JOB = 7
+GRACE_S = 30
+QUOTAS = f"""
+queues:
+  - name: q
+    capacity: 2
+    quotas:
+      - {{name: team-a, capacity: 1, grace_period_s: {GRACE_S}}}
+      - {{name: team-b, capacity: 1, grace_period_s: {GRACE_S}}}
+"""
+
+
+@dataclass
+class Parts:
+    """The three parts of one executor, as ``QuotaExecutor.start`` makes them, and its session."""
+
+    session: Session
+    config: QuotaConfig
+    reconciler: Reconciler
+    scheduler: Scheduler
+    actor: Actor
+
+    def cycle(self) -> Cycle:
+        return Cycle.begin(self.session, self.config.quota_file, SCHEDULER_JOB)
+
+    def decide_and_act(self) -> None:
+        cycle = self.cycle()
+        self.actor.act(cycle, self.scheduler.plan(cycle))
+        self.session.flush()
+
+
+@pytest.fixture
+def clock(time_machine):
+    time_machine.move_to(NOW, tick=False)
+    return time_machine
+
+
+@pytest.fixture
+def config(tmp_path) -> QuotaConfig:
+    (tmp_path / "quotas.yaml").write_text(QUOTAS)
+    return QuotaConfig(str(tmp_path / "quotas.yaml"), None, pools=dict)
+
+
+def _reconciler(launcher: Launcher, config: QuotaConfig) -> Reconciler:
+    return Reconciler(launcher, config, CHECKPOINTS, LOG, executor_names={"QuotaExecutor"}, default_executor=False)
+
+
+@pytest.fixture
+def parts(db, config, clock) -> Parts:
+    """One GPU host, ``gpu-a``, with two GPUs for job queue ``q``."""
+    launcher = CeleryLauncher(Celery("parts", broker="memory://"))
+    db.add(QuotaHost(name="gpu-a", queues="q", devices="0,1", celery_name="celery@gpu-a", registered_at=NOW, heartbeat_at=NOW))
+    db.flush()
+    return Parts(
+        db,
+        config,
+        _reconciler(launcher, config),
+        Scheduler(launcher, CHECKPOINTS),
+        Actor(launcher, config, LOG, token=lambda ti_id: f"token-{ti_id}"),
+    )
+
+
+def _queued(db: Session, task_id: str, *, quota: str = "team-a", priority: int = 1) -> QuotaJob:
+    """A task Airflow has just queued, and its job as the executor records it."""
+    ti_id = uuid.uuid4()
+    db.execute(insert(TaskInstance.__table__).values(
+        id=ti_id, dag_id="d", run_id="r", task_id=task_id, map_index=-1, try_number=1, state=TaskInstanceState.QUEUED,
+        pool=quota, queued_by_job_id=SCHEDULER_JOB,
+    ))
+    workload = workloads.ExecuteTask(
+        token="", dag_rel_path="d.py", bundle_info={"name": "dags"}, log_path=f"{task_id}.log",
+        ti={"id": ti_id, "task_id": task_id, "dag_id": "d", "run_id": "r", "try_number": 1,
+            "dag_version_id": uuid.uuid4(), "pool_slots": 1, "priority_weight": priority},
+    )
+    job = QuotaJob(dag_id="d", run_id="r", task_id=task_id, map_index=-1, try_number=1)
+    transitions.submit(
+        job, workload=workload.model_dump_json(), ti_id=str(ti_id), quota=quota, gpus=1, priority=priority,
+        preemptible=True, max_preemptions=None, grace_period_s=None, expected_runtime_s=None, now=NOW, session=db,
+    )
+    return job
+
+
+def _ti_state(db: Session, job: QuotaJob) -> str:
+    return db.scalar(select(TaskInstance.state).where(TaskInstance.task_id == job.task_id))
+
+
+def _started(db: Session, *jobs: QuotaJob) -> None:
+    """The host's worker took each launch and the task reported running."""
+    for job in jobs:
+        assert start_launch(job.handle, worker_pid=100 + job.id, session=db)
+        db.execute(update(TaskInstance).where(TaskInstance.task_id == job.task_id).values(state=TaskInstanceState.RUNNING))
+
+
+def _events(db: Session, job: QuotaJob) -> list[str]:
+    return list(db.scalars(select(QuotaEvent.kind).where(QuotaEvent.job_id == job.id).order_by(QuotaEvent.id)))
+
+
+def test_a_waiting_job_within_its_quota_gets_free_devices_on_a_host_and_is_launched(db, parts):
+    job = _queued(db, "within_quota")
+    parts.decide_and_act()
+    assert (job.state, job.host, devices_of(job.id, session=db)) == (JobState.RUNNING.value, "gpu-a", ["0"])
+    launch = db.get(QuotaLaunch, job.handle)
+    assert (launch.job_id, launch.host, launch.state, launch.sent_at) == (job.id, "gpu-a", "sent", NOW)
+    assert _events(db, job) == ["submitted", "admitted"]
+
+
+def test_a_reclaim_stops_the_borrower_at_its_deadline_and_hands_its_gpu_to_the_lender(db, parts, clock):
+    own, borrower = _queued(db, "own", priority=5), _queued(db, "borrower")
+    parts.decide_and_act()
+    _started(db, own, borrower)
+    assert (own.state, borrower.state) == (JobState.RUNNING.value, JobState.RUNNING.value)
+
+    clock.shift(60)
+    lender = _queued(db, "lender", quota="team-b")
+    parts.decide_and_act()
+    assert (borrower.state, borrower.preempt_reason, borrower.preempt_deadline) == ("stopping", "reclaim", NOW + 60 + GRACE_S)
+    assert (own.state, lender.state) == (JobState.RUNNING.value, JobState.PENDING.value)
+
+    clock.shift(GRACE_S - 1)
+    assert not parts.reconciler.enforce_deadlines(parts.cycle())
+    assert _ti_state(db, borrower) == TaskInstanceState.RUNNING
+
+    clock.shift(1)
+    assert parts.reconciler.enforce_deadlines(parts.cycle())
+    assert (_ti_state(db, borrower), borrower.forced_at) == (TaskInstanceState.UP_FOR_RESCHEDULE, NOW + 60 + GRACE_S)
+
+    end_launch(borrower.handle, rc=0, session=db)  # its supervisor saw the new state and ended it
+    assert parts.reconciler.watch_launches(parts.cycle())
+    assert (borrower.state, devices_of(borrower.id, session=db)) == (JobState.PREEMPTED.value, [])
+    assert preemption_count("d", "r", "borrower", -1, session=db) == 1
+    parts.decide_and_act()
+    assert (lender.state, devices_of(lender.id, session=db)) == (JobState.RUNNING.value, ["1"])
+
+
+def test_a_stopping_job_still_running_a_minute_after_its_task_was_stopped_is_killed(db, config, tmp_path, clock):
+    """Its supervisor should have ended it on the new state; a real process that outlives that is killed."""
+    launcher = LocalLauncher(tmp_path / "state", ["0"], cgroups=False)
+    reconciler = _reconciler(launcher, config)
+    job = _queued(db, "outlives_its_stop")
+    job.queue_name = "q"
+    transitions.admit(job, host=launcher.HOST, devices=["0"], now=NOW, session=db)
+    transitions.launched(job, f"{job.id}:{launcher.start(job.id, lambda: time.sleep(600) or 0, {})}")
+    transitions.begin_stop(job, preemptor="urgent", reason=PreemptionReason.RECLAIM, deadline=NOW, fail_message=None, session=db)
+    assert reconciler.enforce_deadlines(Cycle.begin(db, config.quota_file))
+    assert _ti_state(db, job) == TaskInstanceState.UP_FOR_RESCHEDULE, "a task still starting is stopped too"
+
+    clock.shift(FORCE_KILL_AFTER_S)
+    reconciler.enforce_deadlines(Cycle.begin(db, config.quota_file))
+    assert launcher.status({job.handle: job.id}, session=db)[job.handle].liveness == Liveness.RUNNING
+    clock.shift(1)
+    reconciler.enforce_deadlines(Cycle.begin(db, config.quota_file))
+    deadline = time.monotonic() + 10
+    while launcher.status({job.handle: job.id}, session=db)[job.handle].liveness != Liveness.ENDED:
+        assert time.monotonic() < deadline, "the process was not killed"
+        time.sleep(0.05)
+
+
+def test_a_lost_hosts_jobs_go_back_to_their_place_without_a_preemption(db, parts, clock):
+    job = _queued(db, "on_lost_host")
+    parts.decide_and_act()
+    _started(db, job)
+
+    clock.shift(29)  # [quota] host_lost_after_s is 30 s
+    assert not parts.reconciler.check_hosts(parts.cycle())
+    clock.shift(2)
+    cycle = parts.cycle()
+    assert parts.reconciler.check_hosts(cycle)
+    assert parts.reconciler.watch_launches(cycle)
+    assert (_ti_state(db, job), job.state, devices_of(job.id, session=db)) == (
+        TaskInstanceState.UP_FOR_RESCHEDULE, JobState.PREEMPTED.value, []
+    )
+    assert job.submitted_at == NOW and job.pending_reason == "evicted (host gpu-a lost); waiting to be queued again"
+    assert preemption_count("d", "r", "on_lost_host", -1, session=db) == 0
+    assert _events(db, job)[-1] == "evicted"
+
+
+def test_a_launch_its_host_never_took_is_undone_and_the_job_waits_again(db, parts, clock):
+    job = _queued(db, "never_taken")
+    parts.decide_and_act()
+    handle = job.handle
+
+    clock.shift(60)  # [quota] launch_start_timeout_s is 60 s
+    assert not parts.reconciler.watch_launches(parts.cycle())
+    clock.shift(1)
+    assert parts.reconciler.watch_launches(parts.cycle())
+    assert (job.state, job.handle, devices_of(job.id, session=db)) == (JobState.PENDING.value, None, [])
+    assert job.pending_reason == "launch failed: not started by host gpu-a in time; launched again"
+    assert db.get(QuotaLaunch, handle).state == "cancelled", "a late start on the host is refused"
+
+
+def test_a_waiting_task_is_kept_from_airflows_queued_timeout(db, parts, clock):
+    """``task_queued_timeout`` (600 s) revokes a task queued that long: a waiting one's queued time is
+    refreshed once a quarter of it has passed."""
+    _queued(db, "kept_waiting")
+    db.execute(update(TaskInstance).values(queued_dttm=datetime.fromtimestamp(NOW, timezone.utc)))
+    assert not parts.reconciler.keep_queued_alive(parts.cycle())
+    clock.shift(151)
+    assert parts.reconciler.keep_queued_alive(parts.cycle())
+    refreshed = db.scalar(select(TaskInstance.queued_dttm))
+    assert refreshed.replace(tzinfo=timezone.utc).timestamp() == NOW + 151
