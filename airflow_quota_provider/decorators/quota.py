@@ -50,16 +50,14 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.common.compat.sdk import DecoratedOperator, context_merge, task_decorator_factory
 from airflow.providers.standard.operators.python import PythonOperator
 
-from airflow_quota_provider.operators.training import (
+from airflow_quota_provider.operators.arguments import (
     DEFAULT_EXECUTOR,
-    POLL_INTERVAL_S,
-    QuotaPreempted,
-    QuotaRun,
     QuotaTaskArgumentError,
-    QuotaTaskMixin,
     quota_operator_kwargs,
     quota_partial_kwargs,
 )
+from airflow_quota_provider.operators.quota_run import POLL_INTERVAL_S, QuotaPreempted, QuotaRun
+from airflow_quota_provider.operators.training import QuotaTaskMixin
 
 if TYPE_CHECKING:
     from airflow.providers.common.compat.sdk import Context, TaskDecorator

@@ -140,7 +140,7 @@ class CheckpointTimes:
 
 def local_checkpoint_dir(dag_id: str, run_id: str, task_id: str, map_index: int) -> Path | None:
     """A task instance's default checkpoint directory, when it is on a local or mounted path."""
-    from airflow_quota_provider.operators.training import default_checkpoint_dir
+    from airflow_quota_provider.operators.checkpoints import default_checkpoint_dir
 
     try:
         directory = default_checkpoint_dir(dag_id, run_id, task_id, map_index)
@@ -150,7 +150,7 @@ def local_checkpoint_dir(dag_id: str, run_id: str, task_id: str, map_index: int)
 
 
 def newest_checkpoint_time(directory: Path | None) -> float | None:
-    from airflow_quota_provider.operators.training import latest_checkpoint
+    from airflow_quota_provider.operators.checkpoints import latest_checkpoint
 
     if directory is None:
         return None

@@ -33,14 +33,14 @@ from airflow.sdk import ObjectStoragePath
 from airflow.sdk.exceptions import AirflowException
 from airflow.sdk.io import attach
 
-from airflow_quota_provider.operators.training import (
+from airflow_quota_provider.operators.arguments import QuotaTaskArgumentError
+from airflow_quota_provider.operators.checkpoints import (
     RESUMED_FROM_FILE,
-    QuotaTaskArgumentError,
-    QuotaTrainingOperator,
-    _default_checkpoint_dir,
     checkpoint_location,
     latest_checkpoint,
+    task_instance_checkpoint_dir,
 )
+from airflow_quota_provider.operators.training import QuotaTrainingOperator
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def _store_files(url: str) -> list[str]:
 def test_without_a_checkpoint_root_checkpoints_stay_under_the_state_dir(quota_env, tmp_path):
     quota_env("state_dir", tmp_path / "state")
     ctx = _context(run_id="manual__2026-01-01T00:00:00+00:00", map_index=3)
-    assert _default_checkpoint_dir(ctx) == Path(
+    assert task_instance_checkpoint_dir(ctx) == Path(
         tmp_path, "state", "checkpoints", "train_dag", "manual__2026-01-01T00_00_00+00_00", "train", "3"
     )
 
@@ -108,12 +108,12 @@ def test_without_a_checkpoint_root_checkpoints_stay_under_the_state_dir(quota_en
 )
 def test_a_local_checkpoint_root_is_a_local_directory(quota_env, root, expected):
     quota_env("checkpoint_root", root)
-    assert _default_checkpoint_dir(_context("d", "r", "t")) == expected
+    assert task_instance_checkpoint_dir(_context("d", "r", "t")) == expected
 
 
 def test_an_object_store_checkpoint_root_gives_an_object_storage_path(quota_env, memory_store):
     quota_env("checkpoint_root", f"{memory_store}/airflow/")
-    location = _default_checkpoint_dir(_context("d", "r", "t", map_index=0))
+    location = task_instance_checkpoint_dir(_context("d", "r", "t", map_index=0))
     assert isinstance(location, ObjectStoragePath)
     assert str(location) == f"{memory_store}/airflow/d/r/t/0"
 
@@ -128,7 +128,7 @@ def test_an_object_store_checkpoint_root_gives_an_object_storage_path(quota_env,
 def test_a_bad_checkpoint_root_is_an_error_naming_the_option(quota_env, root, fragment):
     quota_env("checkpoint_root", root)
     with pytest.raises(QuotaTaskArgumentError) as err:
-        _default_checkpoint_dir(_context())
+        task_instance_checkpoint_dir(_context())
     assert err.value.field == "[quota] checkpoint_root"
     assert fragment in str(err.value)
 
@@ -137,7 +137,7 @@ def test_dot_run_ids_do_not_collapse_two_task_instances_into_one_directory(quota
     """A run id ``..`` would otherwise name the dag's parent directory (``<root>/<task_id>``)."""
     quota_env("checkpoint_root", tmp_path)
     dirs = {
-        run_id: _default_checkpoint_dir(_context("d", run_id, "t"))
+        run_id: task_instance_checkpoint_dir(_context("d", run_id, "t"))
         for run_id in ("..", ".", "...", "_..", "~..", "x/../..")
     }
     assert dirs[".."] == tmp_path / "d" / "~.." / "t"
@@ -254,7 +254,7 @@ def test_a_store_without_a_filesystem_is_an_error_naming_the_setting(quota_env, 
         op.execute(_context())
     quota_env("checkpoint_root", "nosuchfs://b/ckpt")
     with pytest.raises(QuotaTaskArgumentError, match=r"^\[quota\] checkpoint_root: 'nosuchfs://b/ckpt': no filesystem"):
-        _default_checkpoint_dir(_context())
+        task_instance_checkpoint_dir(_context())
 
 
 def test_an_unreachable_store_fails_the_task_naming_the_store(quota_env, tmp_path):

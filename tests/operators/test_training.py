@@ -24,12 +24,10 @@ from tests.operators.quota_airflow import (  # first: it keeps Airflow away from
     wait_for,
     write_preempt_file,
 )
-from airflow_quota_provider.operators.training import (
-    QuotaRun,
-    QuotaTaskArgumentError,
-    QuotaTrainingOperator,
-    latest_checkpoint,
-)
+from airflow_quota_provider.operators.arguments import QuotaTaskArgumentError
+from airflow_quota_provider.operators.checkpoints import latest_checkpoint
+from airflow_quota_provider.operators.quota_run import QuotaRun
+from airflow_quota_provider.operators.training import QuotaTrainingOperator
 from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY
 
 
