@@ -13,6 +13,7 @@ from airflow_quota_provider.executors.task_instances import fail_ti, ti_state
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, allocated_devices, devices_of, preemption_count, record_event
 from airflow_quota_provider.policy.preemption_policy import grace_period_of
+from airflow_quota_provider.protocol import PreemptionNotice, TaskEnvironment
 
 if TYPE_CHECKING:
     import logging
@@ -92,12 +93,10 @@ class Actor:
             job, preemptor=preemption.for_, reason=preemption.reason, deadline=deadline,
             fail_message=preemption.message if preemption.fail else None, session=cycle.session,
         )
-        notice = {"reason": preemption.reason, "preemptor": preemption.for_, "deadline": deadline}
-        if preemption.fail:
-            notice.update(fail=True, message=preemption.message)
+        notice = PreemptionNotice(preemption.reason, preemption.for_, deadline, preemption.fail, preemption.message)
         if job.handle:
             try:
-                self.launcher.notify(job.handle, notice, session=cycle.session)
+                self.launcher.notify(job.handle, notice.to_dict(), session=cycle.session)
             except Exception:  # the deadline still stops it through Airflow
                 self.log.exception("Could not deliver the preemption notice to %s on %s", job.ti_label(), job.host)
         self.log.info(
@@ -145,18 +144,15 @@ class Actor:
         try:
             workload = workloads.ExecuteTask.model_validate_json(job.workload or "")
             workload.token = self.token(str(workload.ti.id))
-            grace = grace_period_of(job, cycle.quota_file.quota(job.quota))
-            env = {
-                "CUDA_VISIBLE_DEVICES": ",".join(devices_of(job.id, session=session)),
-                "QUOTA_JOB_ID": job.job_id,
-                "QUOTA_HOST": job.host or "",
-                "QUOTA_PREEMPTION_COUNT": str(
-                    preemption_count(job.dag_id, job.run_id, job.task_id, job.map_index, session=session)
-                ),
-                "QUOTA_GRACE_PERIOD_S": str(float(grace)),
-                "QUOTA_NAME": job.quota,
-            }
-            handle = self.launcher.launch(job_id=job.id, host=job.host, workload=workload, env=env, session=session)
+            env = TaskEnvironment(
+                cuda_visible_devices=",".join(devices_of(job.id, session=session)),
+                job_id=job.job_id,
+                host=job.host,
+                quota=job.quota,
+                preemption_count=preemption_count(job.dag_id, job.run_id, job.task_id, job.map_index, session=session),
+                grace_period_s=grace_period_of(job, cycle.quota_file.quota(job.quota)),
+            )
+            handle = self.launcher.launch(job_id=job.id, host=job.host, workload=workload, env=env.to_env(), session=session)
             transitions.launched(job, handle)
         except Exception as e:
             self.log.exception("Could not launch %s on %s", job.ti_label(), job.host)

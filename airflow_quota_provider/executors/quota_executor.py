@@ -1,9 +1,9 @@
 """QuotaExecutor: Airflow tasks on shared GPU quotas, borrowed, lent and preempted by priority.
 
-A task's quota is its pool (or ``executor_config["quota"]["quota"]``), its GPUs its ``pool_slots``,
-its priority its ``priority_weight``; ``executor_config["quota"]`` may also carry ``gpus``,
-``priority``, ``preemptible``, ``max_preemptions``, ``grace_period_s`` and ``expected_runtime_s``
-(else estimated from the task's history, :mod:`.runtimes`).
+A task's quota is its pool, its GPUs its ``pool_slots``, its priority its ``priority_weight``;
+``executor_config["quota"]`` (:class:`~airflow_quota_provider.protocol.QuotaTaskConfig`) may name
+others and carry ``preemptible``, ``max_preemptions``, ``grace_period_s`` and
+``expected_runtime_s`` (else estimated from the task's history, :mod:`.runtimes`).
 
 Every heartbeat, :meth:`QuotaExecutor.sync` rebuilds the state from the provider's tables, asks the
 policy core what to do for each job queue, and acts: it launches admitted jobs on their devices,
@@ -58,6 +58,7 @@ from airflow_quota_provider.metrics import GpuSecondsMeter, emit_metrics
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.coordination import POOLS, db_now, lock
 from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, Report, record_config_loaded, record_event
+from airflow_quota_provider.protocol import QuotaTaskConfig
 from airflow_quota_provider.quota_file import QuotaConfigError
 
 if TYPE_CHECKING:
@@ -358,13 +359,9 @@ class QuotaExecutor(BaseExecutor):
         """Create the job for a newly queued task, or give a known job (preempted, revoked) its new
         workload while it keeps its place."""
         ti = workload.ti
-        extras = (ti.executor_config or {}).get("quota") or {}
-        if not isinstance(extras, dict):
-            extras = {}
+        asked = QuotaTaskConfig.from_executor_config(ti.executor_config)
         pool = session.scalar(select(TaskInstance.pool).where(TaskInstance.id == ti.id)) or ""
-        quota = extras.get("quota") or (pool if pool != Pool.DEFAULT_POOL_NAME else "") or conf.get(
-            "quota", "default_quota", fallback=""
-        )
+        quota = asked.quota or (pool if pool != Pool.DEFAULT_POOL_NAME else "") or conf.get("quota", "default_quota", fallback="")
         # Locked until the scheduler commits: the other scheduler may be settling this job (a
         # preempted task queued again) and must not decide on what it read before.
         job = self._job_for_key(ti.key, session, lock=True) or QuotaJob(
@@ -375,12 +372,12 @@ class QuotaExecutor(BaseExecutor):
             workload=workload.model_dump_json(),
             ti_id=str(ti.id),
             quota=str(quota),
-            gpus=int(extras.get("gpus", ti.pool_slots)),
-            priority=int(extras.get("priority", ti.priority_weight)),
-            preemptible=bool(extras.get("preemptible", True)),
-            max_preemptions=extras.get("max_preemptions"),
-            grace_period_s=extras.get("grace_period_s"),
-            expected_runtime_s=self._runtimes.expected(ti.dag_id, ti.task_id, extras.get("expected_runtime_s"), session=session),
+            gpus=ti.pool_slots if asked.gpus is None else asked.gpus,
+            priority=ti.priority_weight if asked.priority is None else asked.priority,
+            preemptible=asked.preemptible,
+            max_preemptions=asked.max_preemptions,
+            grace_period_s=asked.grace_period_s,
+            expected_runtime_s=self._runtimes.expected(ti.dag_id, ti.task_id, asked.expected_runtime_s, session=session),
             now=db_now(session),
             session=session,
         )

@@ -9,6 +9,7 @@ clock on SQLite is the machine's). Each test runs in well under a second.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ from airflow.models.taskinstance import TaskInstance
 from airflow.utils.state import TaskInstanceState
 from airflow_quota_provider.executors.act import Actor
 from airflow_quota_provider.executors.celery_launcher import CeleryLauncher
+from airflow_quota_provider.executors.celery_worker import host_queue
 from airflow_quota_provider.executors.config import QuotaConfig
 from airflow_quota_provider.executors.cycle import Cycle
 from airflow_quota_provider.executors.launcher import Launcher, Liveness
@@ -36,6 +38,7 @@ from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.host import QuotaHost, QuotaLaunch, end_launch, start_launch
 from airflow_quota_provider.models.job import JobState, QuotaEvent, QuotaJob, devices_of, preemption_count
 from airflow_quota_provider.policy import PreemptionReason
+from airflow_quota_provider.protocol import TaskEnvironment
 
 NOW = 1_800_000_000.0
 LOG = logging.getLogger(__name__)
@@ -144,6 +147,14 @@ def test_a_waiting_job_within_its_quota_gets_free_devices_on_a_host_and_is_launc
     launch = db.get(QuotaLaunch, job.handle)
     assert (launch.job_id, launch.host, launch.state, launch.sent_at) == (job.id, "gpu-a", "sent", NOW)
     assert _events(db, job) == ["submitted", "admitted"]
+
+    with parts.actor.launcher.app.connection_for_read() as broker, broker.SimpleQueue(host_queue("gpu-a")) as queue:
+        workload, job_id, env = json.loads(queue.get(timeout=1).body)[0]  # what the host's worker gets
+    assert job_id == job.id and json.loads(workload)["token"].startswith("token-")
+    assert TaskEnvironment.read(env) == TaskEnvironment(
+        cuda_visible_devices="0", job_id=job.job_id, host="gpu-a", quota="team-a", preemption_count=0,
+        grace_period_s=GRACE_S,
+    )
 
 
 def test_a_reclaim_stops_the_borrower_at_its_deadline_and_hands_its_gpu_to_the_lender(db, parts, clock):
