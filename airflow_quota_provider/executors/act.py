@@ -42,6 +42,8 @@ class Actor:
         self.token = token
 
     def act(self, cycle: Cycle, plan: Plan) -> None:
+        """Carry out the plan; the rows say what was done. Commits before launching, so the
+        cycle's locks go with the admissions."""
         session = cycle.session
         names = [q.name for queue in cycle.quota_file.queues for q in queue.quotas]
         for job_id in plan.unknown:

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Cycle:
     session: Session
-    """The cycle's transaction: what the parts write commits together, with the locks it took."""
+    """The cycle's transaction: what the parts write commits together, and the locks it took go
+    with that commit (the actor's, before it launches, or the end of the heartbeat's)."""
     now: float
     """Seconds since the epoch by the database's clock (:func:`db_now`), which every scheduler shares."""
     quota_file: QuotaFile
