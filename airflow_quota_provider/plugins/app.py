@@ -24,8 +24,8 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from airflow.api_fastapi.core_api.security import requires_authenticated
+from airflow_quota_provider.plugins import URL_PREFIX
 
-URL_PREFIX = "/quota"
 MAX_ECHO = 100
 """Characters of a rejected value (or of a body key) that a 422 repeats."""
 MAX_BODY_BYTES = 1 << 20
