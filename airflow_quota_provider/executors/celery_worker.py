@@ -43,6 +43,8 @@ from airflow_quota_provider.executors.containment import (
     children as _children,
     end_descendants,
     kill_tree,
+    process_alive,
+    wait_for_an_exit,
 )
 from airflow_quota_provider.executors.launcher import Liveness
 from airflow_quota_provider.executors.local_launcher import LocalLauncher, supervise_workload
@@ -51,6 +53,7 @@ log = logging.getLogger(__name__)
 
 TASK_NAME = "quota_execute_workload"
 TASK_EXIT_POLL_S = 0.2
+"""The longest a launch's watch waits: the exit of its task, supervisor or guard wakes it at once."""
 RECORD_RETRY_S = 600.0
 """How long a launch's task exit and end are retried while the database is unreachable."""
 STATE_DIR_ENV = "QUOTA_WORKER_STATE_DIR"
@@ -108,14 +111,20 @@ def run_launch(
     supervisor's exit code (None: killed). ``on_task_exit`` is called once the task and everything
     it started are gone while the supervisor still finishes."""
     become_subreaper()  # what a killed guard leaves comes here, and is ended below
-    handle = f"{job_id}:{jobs.start(job_id, run, env, tied_to_parent=True)}"
+    guard = jobs.start(job_id, run, env, tied_to_parent=True)
+    handle = f"{job_id}:{guard}"
     told = False
     try:
         while (status := jobs.status({handle: job_id}, session=None)[handle]).liveness != Liveness.ENDED:
             if status.liveness == Liveness.TASK_EXITED and not told:
                 on_task_exit()
                 told = True
-            time.sleep(TASK_EXIT_POLL_S)
+            # Woken by the exit of the task (the supervisor's children), the supervisor or the guard,
+            # so the GPUs are reported free at once: a reclaiming owner waits on this. What the task
+            # leaves to the supervisor is seen on the next poll.
+            supervisor = jobs.supervisor(job_id, guard)
+            watched = [guard] if supervisor is None else [guard, supervisor, *map(int, _children(supervisor) or ())]
+            wait_for_an_exit([pid for pid in watched if process_alive(pid)], TASK_EXIT_POLL_S)
     finally:
         jobs.forget(handle, session=None)
         end_descendants()  # nothing the launch started outlives it: SIGTERM, grace, SIGKILL

@@ -175,6 +175,28 @@ def watch_parent(parent: int, on_death: Callable[[], None]) -> None:
     threading.Thread(target=watch, name="quota-watch-parent", daemon=True).start()
 
 
+def wait_for_an_exit(pids: list[int], timeout_s: float) -> None:
+    """Return once one of ``pids`` has exited, or after ``timeout_s``: a pidfd is readable from the
+    moment its process exits, so the caller sees the exit then, not on its next poll. Returns at
+    once when one is gone already; waits the whole ``timeout_s`` where there are no pidfds."""
+    fds: list[int] = []
+    try:
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:
+                return
+            except (OSError, AttributeError):
+                continue  # Linux < 5.3: the timeout is the poll
+        if fds:
+            select.select(fds, [], [], timeout_s)
+        else:
+            time.sleep(timeout_s)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def reap_children() -> None:
     """Collect every exited child of this process (a subreaper inherits orphans to reap)."""
     while True:
