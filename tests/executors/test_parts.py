@@ -36,7 +36,7 @@ from airflow_quota_provider.executors.runtimes import CheckpointTimes, local_che
 from airflow_quota_provider.executors.schedule import Scheduler
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.host import QuotaHost, QuotaLaunch, end_launch, start_launch
-from airflow_quota_provider.models.job import JobState, QuotaEvent, QuotaJob, devices_of, preemption_count
+from airflow_quota_provider.models.job import JobState, QuotaEvent, QuotaJob, Report, devices_of, preemption_count
 from airflow_quota_provider.policy import PreemptionReason
 from airflow_quota_provider.protocol import TaskEnvironment
 
@@ -120,7 +120,7 @@ def _queued(db: Session, task_id: str, *, quota: str = "team-a", priority: int =
     job = QuotaJob(dag_id="d", run_id="r", task_id=task_id, map_index=-1, try_number=1)
     transitions.submit(
         job, workload=workload.model_dump_json(), ti_id=str(ti_id), quota=quota, gpus=1, priority=priority,
-        preemptible=True, max_preemptions=None, grace_period_s=None, expected_runtime_s=None, now=NOW, session=db,
+        preemptible=True, max_preemptions=None, grace_period_s=None, expected_runtime_s=None, now=time.time(), session=db,
     )
     return job
 
@@ -192,7 +192,7 @@ def test_a_stopping_job_still_running_a_minute_after_its_task_was_stopped_is_kil
     job = _queued(db, "outlives_its_stop")
     job.queue_name = "q"
     transitions.admit(job, host=launcher.HOST, devices=["0"], now=NOW, session=db)
-    transitions.launched(job, f"{job.id}:{launcher.start(job.id, lambda: time.sleep(600) or 0, {})}")
+    transitions.launched(job, f"{job.id}:{launcher.start(job.id, lambda: time.sleep(120) or 0, {})}")
     transitions.begin_stop(job, preemptor="urgent", reason=PreemptionReason.RECLAIM, deadline=NOW, fail_message=None, session=db)
     assert reconciler.enforce_deadlines(Cycle.begin(db, config.quota_file))
     assert _ti_state(db, job) == TaskInstanceState.UP_FOR_RESCHEDULE, "a task still starting is stopped too"
@@ -251,3 +251,21 @@ def test_a_waiting_task_is_kept_from_airflows_queued_timeout(db, parts, clock):
     assert parts.reconciler.keep_queued_alive(parts.cycle())
     refreshed = db.scalar(select(TaskInstance.queued_dttm))
     assert refreshed.replace(tzinfo=timezone.utc).timestamp() == NOW + 151
+
+
+def test_a_job_of_a_quota_no_job_queue_has_fails_its_task_naming_the_quotas(db, parts):
+    job = _queued(db, "unknown_quota", quota="team-z")
+    parts.decide_and_act()
+    assert (job.state, _ti_state(db, job)) == (JobState.FAILED.value, TaskInstanceState.FAILED)
+    assert job.message == f"quota: 'team-z' is not one of team-a, team-b (quota file {parts.config.path})"
+
+
+def test_a_job_whose_task_was_cleared_while_it_waited_is_dropped_and_released(db, parts):
+    job = _queued(db, "cleared_while_waiting")
+    db.execute(update(TaskInstance).values(state=None))
+    parts.decide_and_act()
+    assert (job.state, devices_of(job.id, session=db)) == (JobState.FINISHED.value, [])
+    assert [(key.task_id, report) for key, report in parts.reconciler.reports(parts.cycle())] == [
+        ("cleared_while_waiting", Report.RELEASED)
+    ]
+    assert job.report is None, "released once"
