@@ -48,6 +48,7 @@ from airflow_quota_provider.executors.containment import (
 )
 from airflow_quota_provider.executors.launcher import Liveness
 from airflow_quota_provider.executors.local_launcher import LocalLauncher, supervise_workload
+from airflow_quota_provider.protocol import ENV_CUDA_VISIBLE_DEVICES
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def execute_quota_workload(self, workload_json: str, job_id: int, env: dict[str,
     rc = None
     try:
         workload = ExecuteTask.model_validate_json(workload_json)
-        log.info("[%s] job %s on GPUs %s: %s", handle, job_id, env.get("CUDA_VISIBLE_DEVICES"), workload.display_name)
+        log.info("[%s] job %s on GPUs %s: %s", handle, job_id, env.get(ENV_CUDA_VISIBLE_DEVICES), workload.display_name)
         rc = run_launch(
             jobs(), job_id, lambda: supervise_workload(workload), env,
             on_task_exit=lambda: _record(handle, "that the task exited", lambda session: task_exited(handle, session=session)),
