@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_quota_provider.policy import PolicyError
+from airflow_quota_provider.policy import PolicyError, Quota
 
 if TYPE_CHECKING:
-    from airflow_quota_provider.policy import Queue, Quota
+    from airflow_quota_provider.policy import Queue
 
 MAX_QUOTA_SHARES_PER_QUEUE = 20
 """AWS Batch's documented limit of quota shares per job queue (not in the service model)."""
@@ -27,16 +27,12 @@ _STRATEGY = {"reserve": "RESERVE", "lend": "LEND", "lend_and_borrow": "LEND_AND_
 _IN_SHARE_PREEMPTION = {"never": "DISABLED", "lower_priority": "ENABLED"}
 UNLIMITED_BORROW = -1
 
-# Quota-file fields that only the local executor uses; a non-default value is reported in the plan.
-_LOCAL_ONLY = {
-    "weight": 1.0,
-    "max_priority": None,
-    "grace_period_s": 120.0,
-    "min_runtime_s": 0.0,
-    "spare_finishing_within_s": 0.0,
-    "preemption_delay_s": 0.0,
-    "on_preemption_limit": "fail",
-}
+# Quota-file fields that only the local executor uses; a value other than the quota file's default
+# is reported in the plan.
+_LOCAL_ONLY = (
+    "weight", "max_priority", "grace_period_s", "min_runtime_s", "spare_finishing_within_s",
+    "preemption_delay_s", "on_preemption_limit",
+)
 
 
 @dataclass(frozen=True)
@@ -180,9 +176,9 @@ def local_only_notes(queue: Queue) -> list[str]:
     """Quota fields set in the file that AWS Batch quota shares do not carry (shown with the plan)."""
     notes = []
     for quota in queue.quotas:
-        for name, default in _LOCAL_ONLY.items():
+        for name in _LOCAL_ONLY:
             value = getattr(quota, name)
-            if value != default:
+            if value != getattr(Quota, name):
                 shown = f"{value:g}" if isinstance(value, float) else value
                 notes.append(f"{quota.name}: {name}={shown} applies to the local executor only")
         if quota.max_preemptions is not None:
