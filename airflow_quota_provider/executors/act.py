@@ -13,7 +13,7 @@ from airflow_quota_provider.executors.task_instances import fail_ti, ti_state
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, allocated_devices, devices_of, preemption_count, record_event
 from airflow_quota_provider.policy.preemption_policy import grace_period_of
-from airflow_quota_provider.protocol import PreemptionNotice, TaskEnvironment
+from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY, PreemptionNotice, TaskEnvironment
 
 if TYPE_CHECKING:
     import logging
@@ -165,7 +165,7 @@ class Actor:
         if not job.quota:
             return (
                 f"task {job.ti_label()} has no quota: set pool=<quota> (one of {', '.join(names)}) "
-                'or executor_config={"quota": {"quota": <quota>}}'
+                f'or executor_config={{"{EXECUTOR_CONFIG_KEY}": {{"quota": <quota>}}}}'
             )
         return f"quota: {job.quota!r} is not one of {', '.join(names)} (quota file {self.config.path})"
 
