@@ -53,7 +53,9 @@ def get_provider_info():
         "db-managers": ["airflow_quota_provider.models.db.QuotaDBManager"],
         "cli": ["airflow_quota_provider.cli.definition.get_quota_cli_commands"],
         # --- REST API, UI page (plugins/) ---
-        "plugins": [{"name": "quota", "plugin-class": "airflow_quota_provider.plugins.quota_plugin.QuotaPlugin"}],
+        # No "plugins" key: the plugin is the package's airflow.plugins entry point, which Airflow loads
+        # whatever [core] lazy_discover_providers says; declared here as well it was loaded a second
+        # time with eager discovery and reported as an import error ("already registered").
         "config": {
             "quota": {
                 "description": "Shared GPU quotas: the quota file and the local GPU launcher of QuotaExecutor.",

@@ -28,7 +28,7 @@ class _BuiltWhenRead:
 
 
 class QuotaPlugin(AirflowPlugin):
-    """REST API and UI page of the quota provider (``get_provider_info``'s ``plugins`` entry)."""
+    """REST API and UI page of the quota provider (the package's ``airflow.plugins`` entry point, its only registration)."""
 
     name = "quota"
     fastapi_apps = _BuiltWhenRead()

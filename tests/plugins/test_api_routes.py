@@ -10,6 +10,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from datetime import datetime, timezone
+from importlib.metadata import entry_points
 
 import pytest
 
@@ -35,9 +36,10 @@ def jobs(server):
     return server.baseline()
 
 
-def test_plugin_is_registered_through_provider_info_and_loaded_by_the_api_server(server):
-    (entry,) = get_provider_info()["plugins"]
-    assert entry["plugin-class"] == "airflow_quota_provider.plugins.quota_plugin.QuotaPlugin"
+def test_plugin_is_registered_once_and_loaded_by_the_api_server(server):
+    (entry,) = [ep for ep in entry_points(group="airflow.plugins") if ep.name == "quota"]
+    assert entry.value == "airflow_quota_provider.plugins.quota_plugin:QuotaPlugin"
+    assert "plugins" not in get_provider_info()
 
     status, body = server.request("GET", "/api/v2/plugins", user="admin")
     assert status == 200
