@@ -5,10 +5,13 @@ and the fleet's shape."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 from tests.containers.compose_stack import COMPOSE_FILE, GPU_OVERRIDE, compose_config
 from tests.integration_support import REPO
+
+from airflow_quota_provider.policy import Quota, load_quota_file
 
 ASTRO_OVERRIDE = REPO / "docker" / "astro" / "docker-compose.override.yml"
 ASTRO_CLI_STAND_IN = REPO / "tests" / "containers" / "astro_cli_compose.yaml"
@@ -56,3 +59,30 @@ def test_the_gpu_override_reserves_distinct_nvidia_gpus_for_each_host():
         assert device["driver"] == "nvidia" and "gpu" in device["capabilities"], device
         reserved[name] = set(device["device_ids"])
     assert not reserved["gpu-host-1"] & reserved["gpu-host-2"], reserved
+
+
+def test_gpu_hosts_let_their_tasks_checkpoint_before_docker_compose_stop_kills_them():
+    """`docker compose stop` sends SIGTERM, then SIGKILL after stop_grace_period: it must outlast the
+    longest grace period a task gets (the quotas' default or the mounted quota file's), plus margin;
+    dumb-init passes the signal to the worker alone, as Airflow's official file sets for Celery workers."""
+    quotas = load_quota_file(REPO / "examples" / "quotas.yaml").queues[0].quotas
+    longest = max(Quota.grace_period_s, *(q.grace_period_s for q in quotas))
+    services = compose_config(COMPOSE_FILE, GPU_OVERRIDE)["services"]
+    for name in ("gpu-host-1", "gpu-host-2"):
+        host = services[name]
+        assert re.fullmatch(r"\d+s", host["stop_grace_period"]), host["stop_grace_period"]
+        assert int(host["stop_grace_period"][:-1]) >= longest + 20, (name, host["stop_grace_period"], longest)
+        assert host["environment"]["DUMB_INIT_SETSID"] == "0", name
+
+
+def test_the_init_service_gives_the_writable_volumes_to_the_services_user_as_root():
+    """As in Airflow's official file: the init service runs as root and chowns every named volume the
+    services write to the user they run as; the read-only bind mounts are left alone."""
+    services = compose_config(COMPOSE_FILE)["services"]
+    init = services["airflow-init"]
+    assert init["user"] == "0:0"
+    uid = services["airflow-scheduler"]["user"].split(":")[0]
+    chowned = re.search(rf'chown -R "{uid}:0" /opt/airflow/\{{([\w,]+)\}}', init["command"][-1])
+    assert chowned, init["command"][-1]
+    writable = {v.split(":")[1] for v in init["volumes"] if not v.startswith("/")}
+    assert {f"/opt/airflow/{d}" for d in chowned[1].split(",")} == writable
