@@ -113,12 +113,38 @@ class JobResponse(BaseModel):
     quota: str = Field(description="Quota the job runs on.")
     queue: str | None = Field(description="Job queue of the quota, when the quota file names it.")
     gpus: int = Field(description="GPUs the job asks for.")
+    owned_gpus: int | None = Field(
+        description="Of its GPUs, those within its quota's capacity; null unless running or stopping (or the "
+        "quota file is unavailable)."
+    )
+    borrowed_gpus: int | None = Field(
+        description="Of its GPUs, those above its quota's capacity: a quota's jobs fill its capacity in the reverse "
+        "of the victim order, so these are the GPUs of the jobs a reclaim stops first, and they add up to the "
+        "quota's borrowed. Null unless running or stopping."
+    )
+    reclaim_candidate: bool | None = Field(
+        description="Whether a lender taking its GPUs back may preempt it now: it holds borrowed GPUs, may be "
+        "preempted at all (preemptible, past min_runtime_s, not protected at its limit), and a quota of its "
+        "job queue lends GPUs now under a reclaim rule that reaches its priority. Null unless running or stopping."
+    )
     host: str | None = Field(description="GPU host the job runs on, or ran on last (null before its first start).")
     devices: list[str] = Field(description="GPU indexes the job holds now on its host (empty unless running or stopping).")
     priority: int = Field(description="Scheduling priority; higher runs first and may preempt lower.")
+    max_priority: int | None = Field(
+        description="Highest priority its quota allows (PATCH refuses more); null: no limit, or the quota file "
+        "is unavailable."
+    )
     preemptible: bool = Field(description="Whether the job may be preempted at all.")
     preemptions: int = Field(description="Times the task instance has been preempted so far.")
     max_preemptions: int | None = Field(description="The job's own preemption limit; null: the quota's.")
+    preemption_limit: int | None = Field(
+        description="The preemption limit that applies: its own max_preemptions, else its quota's; null: none "
+        "(or the quota file is unavailable)."
+    )
+    last_checkpoint_at: datetime | None = Field(
+        description="When it last saved a checkpoint in this run, where the api-server sees its checkpoint "
+        "directory (a local or mounted [quota] checkpoint_root); null when unknown or not running."
+    )
     pending_reason: str | None = Field(description="Why the job waits, in words; null unless pending.")
     pending_position: int | None = Field(description="Position in its quota's queue (1 = next); null unless pending.")
     estimated_start_at: datetime | None = Field(
@@ -128,6 +154,10 @@ class JobResponse(BaseModel):
     )
     expected_start: str | None = Field(
         description='The estimate in words ("expected to start in about 12 min", or why unknown); null unless pending.'
+    )
+    waiting_since: datetime | None = Field(
+        description="When its current wait began: its submission, or the last time it went back in line "
+        "(preempted, evicted, revoked), whichever is later; null unless pending."
     )
     preempted_for: str | None = Field(description="Job id this job was told to stop for; null unless stopping.")
     submitted_at: datetime = Field(description="When the executor received the task (kept across preemptions).")

@@ -20,7 +20,7 @@ class PendingJobView(BaseModel):
     position: int | None = Field(description="Position in its quota's queue (1 = next).")
     reason: str = Field(description="Why it waits, in words.")
     expected_start: str = Field(description='Its estimated start in words ("expected to start in about 12 min").')
-    waiting_s: float = Field(description="Seconds since it was submitted.")
+    waiting_s: float = Field(description="Seconds in its current wait (the REST API's waiting_since to now).")
     ti_url: str = Field(description="Link to the task instance in the Airflow UI.")
 
 

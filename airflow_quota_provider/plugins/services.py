@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -22,8 +23,10 @@ from airflow_quota_provider.models.job import (
     QuotaEvent,
     QuotaJob,
     QuotaPreemptionCount,
+    active_job_rows,
     allocated_devices,
     device_sort_key,
+    policy_job,
     set_priority,
 )
 from airflow_quota_provider.plugins.datamodels import (
@@ -50,7 +53,9 @@ from airflow_quota_provider.plugins.datamodels_ui import (
     QueueView,
     QuotaBarView,
 )
-from airflow_quota_provider.policy import PolicyError
+from airflow_quota_provider.policy import PolicyError, Reclaim
+from airflow_quota_provider.policy.ordering import victim_order
+from airflow_quota_provider.policy.preemption_policy import effective_max_preemptions, may_be_preempted, reclaim_ceiling
 from airflow_quota_provider.simulation.forecast import describe_start
 from airflow_quota_provider.usage import QuotaRow, cohort_rows, pending_jobs, quota_rows
 
@@ -59,7 +64,8 @@ if TYPE_CHECKING:
 
     from sqlalchemy.orm import Session
 
-    from airflow_quota_provider.policy import QuotaFile
+    from airflow_quota_provider.models.job import ActiveJob
+    from airflow_quota_provider.policy import Job, Quota, QuotaFile
 
 JOB_STATES = tuple(s.value for s in JobState)
 EVENT_KINDS = tuple(k.value for k in EventKind)
@@ -226,9 +232,120 @@ def _devices_by_job(*, session: Session) -> dict[int, list[str]]:
     return {job_id: sorted(devices, key=device_sort_key) for job_id, devices in out.items()}
 
 
-def _job_response(
-    job: QuotaJob, quota_file: QuotaFile | None, counts: dict[tuple, int], devices: dict[int, list[str]]
-) -> JobResponse:
+@dataclass(frozen=True)
+class Holding:
+    """What a running or stopping job holds, as the policy sees it now."""
+
+    borrowed: int
+    """GPUs above its quota's capacity (the rest of its GPUs are the quota's own)."""
+    reclaim_candidate: bool
+    """Whether a lender taking back its GPUs may preempt it now."""
+    last_checkpoint_at: float | None
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """Figures of a page of jobs that no column holds, computed once for the page."""
+
+    counts: dict[tuple, int]
+    devices: dict[int, list[str]]
+    holdings: dict[int, Holding]
+    waits: dict[int, float]
+    quotas: dict[str, Quota]
+
+
+def job_facts(jobs: Sequence[QuotaJob], quota_file: QuotaFile | None, *, now: float, session: Session) -> JobFacts:
+    counts = _preemption_counts(jobs, session=session)
+    pending = [j for j in jobs if j.state == JobState.PENDING.value]
+    return JobFacts(
+        counts=counts,
+        devices=_devices_by_job(session=session),
+        holdings={} if quota_file is None else holdings(quota_file, now=now, session=session),
+        waits=waits_since(pending, session=session),
+        quotas={} if quota_file is None else {q.name: q for queue in quota_file.queues for q in queue.quotas},
+    )
+
+
+def holdings(quota_file: QuotaFile, *, now: float, session: Session) -> dict[int, Holding]:
+    """Per running or stopping job id: its borrowed GPUs and whether it is a reclaim candidate now.
+
+    A quota's jobs fill its capacity in the reverse of the policy's victim order (the job a
+    preemption would take last first), so the GPUs above it, summarize's ``borrowed``, are those
+    of the jobs a reclaim stops first. A job is a reclaim candidate when it holds borrowed GPUs,
+    may be preempted at all (``may_be_preempted``), and a quota of its queue lends GPUs now under a
+    ``reclaim`` rule that reaches its priority."""
+    from airflow_quota_provider.usage import quota_rows
+
+    rows = [r for r in active_job_rows(session=session) if r.state != JobState.PENDING.value]
+    counts = _preemption_counts(rows, session=session)
+    lenders: dict[str, list[Quota]] = {}
+    for row in quota_rows(quota_file, session=session):
+        if row.usage.lent > 0:
+            lenders.setdefault(row.queue.name, []).append(row.quota)
+    out: dict[int, Holding] = {}
+    for queue in quota_file.queues:
+        for quota in queue.quotas:
+            mine = [(row, policy_job(row, counts.get(_ti(row), 0), last_checkpoint_at=last_checkpoint_at(row)))
+                    for row in rows if row.quota == quota.name]
+            room = quota.capacity
+            for row, job in sorted(mine, key=lambda pair: victim_order(pair[1], now), reverse=True):
+                owned = min(job.gpus, room)
+                room -= owned
+                borrowed = job.gpus - owned
+                candidate = borrowed > 0 and may_be_preempted(job, quota, now) and any(
+                    _reclaims(lender, job) for lender in lenders.get(queue.name, ()) if lender.name != quota.name
+                )
+                out[row.id] = Holding(borrowed, candidate, job.last_checkpoint_at)
+    return out
+
+
+def _reclaims(lender: Quota, job: Job) -> bool:
+    """Whether ``lender``'s reclaim rule lets one of its jobs (at most its ``max_priority``) preempt ``job``."""
+    if lender.preemption.reclaim == Reclaim.NEVER:
+        return False
+    if lender.max_priority is None:
+        return True
+    ceiling = reclaim_ceiling(lender.preemption.reclaim, lender.max_priority)
+    return ceiling is None or job.priority <= ceiling
+
+
+def _ti(job: QuotaJob | ActiveJob) -> tuple[str, str, str, int]:
+    return (job.dag_id, job.run_id, job.task_id, job.map_index)
+
+
+def last_checkpoint_at(job: QuotaJob | ActiveJob) -> float | None:
+    """When the running job last saved a checkpoint in this run, where this machine can see its
+    checkpoint directory (a local or mounted ``[quota] checkpoint_root``); None when unknown."""
+    from airflow_quota_provider.executors.runtimes import local_checkpoint_dir, newest_checkpoint_time
+
+    at = newest_checkpoint_time(local_checkpoint_dir(*_ti(job)))
+    return at if at is not None and job.started_at is not None and at >= job.started_at else None
+
+
+WAIT_STARTS = (EventKind.STOPPED.value, EventKind.EVICTED.value, EventKind.REVOKED.value)
+"""Events after which a job waits again at its original place (its ``submitted_at`` stays)."""
+
+
+def waits_since(jobs: Sequence[QuotaJob], *, session: Session) -> dict[int, float]:
+    """Per pending job id: when its current wait began, its submission or the last time it went
+    back in line (preempted, evicted, revoked), whichever is later."""
+    if not jobs:
+        return {}
+    last = dict(
+        session.execute(
+            select(QuotaEvent.job_id, func.max(QuotaEvent.at))
+            .where(QuotaEvent.job_id.in_([j.id for j in jobs]), QuotaEvent.kind.in_(WAIT_STARTS))
+            .group_by(QuotaEvent.job_id)
+        ).all()
+    )
+    return {j.id: max(j.submitted_at, last.get(j.id) or j.submitted_at) for j in jobs}
+
+
+def _job_response(job: QuotaJob, quota_file: QuotaFile | None, facts: JobFacts) -> JobResponse:
+    pending = job.state == JobState.PENDING.value
+    holding = facts.holdings.get(job.id)
+    quota = facts.quotas.get(job.quota)
+    preemptions = facts.counts.get(_ti(job), 0)
     return JobResponse(
         id=job.job_id,
         dag_id=job.dag_id,
@@ -240,16 +357,24 @@ def _job_response(
         quota=job.quota,
         queue=job.queue_name or _queue_name(quota_file, job.quota),
         gpus=job.gpus,
+        owned_gpus=None if holding is None else job.gpus - holding.borrowed,
+        borrowed_gpus=None if holding is None else holding.borrowed,
+        reclaim_candidate=None if holding is None else holding.reclaim_candidate,
         host=job.host,
-        devices=devices.get(job.id, []),
+        devices=facts.devices.get(job.id, []),
         priority=job.priority,
+        max_priority=None if quota is None else quota.max_priority,
         preemptible=job.preemptible,
-        preemptions=counts.get((job.dag_id, job.run_id, job.task_id, job.map_index), 0),
+        preemptions=preemptions,
         max_preemptions=job.max_preemptions,
-        pending_reason=job.pending_reason if job.state == JobState.PENDING.value else None,
-        pending_position=job.pending_position if job.state == JobState.PENDING.value else None,
-        estimated_start_at=_dt(job.estimated_start_at) if job.state == JobState.PENDING.value else None,
-        expected_start=describe_start(job.estimated_start_at, time.time()) if job.state == JobState.PENDING.value else None,
+        preemption_limit=None if quota is None else effective_max_preemptions(
+            policy_job(job, preemptions), quota),
+        last_checkpoint_at=None if holding is None else _dt(holding.last_checkpoint_at),
+        pending_reason=job.pending_reason if pending else None,
+        pending_position=job.pending_position if pending else None,
+        estimated_start_at=_dt(job.estimated_start_at) if pending else None,
+        expected_start=describe_start(job.estimated_start_at, time.time()) if pending else None,
+        waiting_since=_dt(facts.waits.get(job.id)) if pending else None,
         preempted_for=job.preempted_for,
         submitted_at=_dt(job.submitted_at),
         started_at=_dt(job.started_at),
@@ -292,11 +417,8 @@ def jobs(
     if wanted:
         query = query.where(QuotaJob.state.in_(wanted))
     total, rows = _paged(query, (QuotaJob.submitted_at, QuotaJob.id), limit=limit, offset=offset, session=session)
-    counts = _preemption_counts(rows, session=session)
-    devices = _devices_by_job(session=session)
-    return JobCollectionResponse(
-        jobs=[_job_response(j, quota_file, counts, devices) for j in rows], total_entries=total
-    )
+    facts = job_facts(rows, quota_file, now=time.time(), session=session)
+    return JobCollectionResponse(jobs=[_job_response(j, quota_file, facts) for j in rows], total_entries=total)
 
 
 def get_job(job_id: str, *, session: Session) -> QuotaJob:
@@ -325,8 +447,7 @@ def change_priority(
     )
     if changed.id != job.id:  # an older try of the task instance: the active job is a newer one
         raise Conflict(f"job {job.job_id} is superseded by job {changed.job_id} of the same task instance")
-    counts = _preemption_counts([job], session=session)
-    return _job_response(job, quota_file, counts, _devices_by_job(session=session))
+    return _job_response(job, quota_file, job_facts([job], quota_file, now=time.time(), session=session))
 
 
 # ------------------------------------------------------------------------------------------ events
@@ -386,7 +507,9 @@ def dashboard(quota_file: QuotaFile, quota_path: str, *, session: Session) -> Da
     rows = quota_rows(quota_file, session=session)
     cohort_views = cohort_rows(quota_file, session=session)
     waiting: dict[str, list[PendingJobView]] = {}
-    for job in pending_jobs(session=session):
+    queued = pending_jobs(session=session)
+    since = waits_since(queued, session=session)
+    for job in queued:
         waiting.setdefault(job.quota, []).append(
             PendingJobView(
                 id=job.job_id,
@@ -396,7 +519,7 @@ def dashboard(quota_file: QuotaFile, quota_path: str, *, session: Session) -> Da
                 position=job.pending_position,
                 reason=job.pending_reason or "waiting for the next scheduling cycle",
                 expected_start=describe_start(job.estimated_start_at, now),
-                waiting_s=max(0.0, now - job.submitted_at),
+                waiting_s=max(0.0, now - since[job.id]),
                 ti_url=ti_url(job),
             )
         )

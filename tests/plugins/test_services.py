@@ -87,3 +87,51 @@ def test_the_usage_csv_escapes_a_dag_id_that_starts_like_a_formula(tmp_path):
         session.flush()
         text = services.usage_csv(quota_file, str(now - 3600), str(now), "dag", session=session)
     assert text.splitlines()[1].startswith("'-2+3+cmd|' /C calc'!A0,"), text
+
+
+# ------------------------------------------------------------------------- jobs: holdings and waits
+
+
+def test_running_jobs_say_what_they_borrow_and_whether_a_lender_may_reclaim_them(tmp_path):
+    quota_file = parse_quota_file(yaml.safe_load(QUOTAS))
+    cases = [
+        *BASELINE,
+        # team-b's second job, at a lower priority: a reclaim would stop it first, so it holds borrowed GPUs first.
+        {"case": "team_b_low", "quota": "team-b", "gpus": 1, "priority": 1, "state": "running", "devices": ["7"]},
+    ]
+    never = yaml.safe_load(QUOTAS)
+    never["queues"][0]["quotas"][0]["preemption"] = {"reclaim": "never"}
+    with _session(tmp_path) as session:
+        seed_into(cases, session=session)
+        jobs = {j.task_id: j for j in services.jobs(quota_file, quota=None, states=["running"], limit=100, offset=0,
+                                                     session=session).jobs}
+        quotas = {q.name: q for q in services.quotas(quota_file, session=session).quotas}
+        unreclaimed = services.jobs(parse_quota_file(never), quota="team-b", states=["running"], limit=100, offset=0,
+                                    session=session).jobs
+    figures = {name: (j.owned_gpus, j.borrowed_gpus, j.reclaim_candidate) for name, j in jobs.items()}
+    assert figures == {
+        "team_b_borrower_running": (4, 1, True),  # team-a lends 2 and reclaims any priority
+        "team_b_low": (0, 1, True),
+        "team_a_running": (2, 0, False),
+    }
+    assert sum(j.borrowed_gpus for j in jobs.values() if j.quota == "team-b") == quotas["team-b"].borrowed
+    assert [(j.borrowed_gpus, j.reclaim_candidate) for j in unreclaimed] == [(1, False), (1, False)]  # team-a never reclaims
+    assert jobs["team_a_running"].max_priority == 100 and jobs["team_b_low"].max_priority is None
+    assert all(j.preemption_limit is None and j.last_checkpoint_at is None for j in jobs.values())
+
+
+def test_a_job_back_in_line_waits_since_it_went_back_not_since_its_first_submission(tmp_path):
+    quota_file = parse_quota_file(yaml.safe_load(QUOTAS))
+    with _session(tmp_path) as session:
+        ids = seed_into(list(BASELINE), session=session)
+        again = session.get(QuotaJob, ids["team_a_pending_behind"])
+        session.add(QuotaEvent(at=time.time() - 10, kind="stopped", job_id=again.id, quota="team-a"))
+        session.flush()
+        jobs = {j.task_id: j for j in services.jobs(quota_file, quota="team-a", states=["pending"], limit=100,
+                                                     offset=0, session=session).jobs}
+        (fleet, _) = services.dashboard(quota_file, "quotas.yaml", session=session).queues
+    now = time.time()
+    assert 9 <= now - jobs["team_a_pending_behind"].waiting_since.timestamp() <= 15
+    assert 94 <= now - jobs["team_a_pending_blocked"].waiting_since.timestamp() <= 100  # never ran: its submission
+    waiting = {p.label.split(".")[1].split(" ")[0]: p.waiting_s for p in fleet.quotas[0].pending}
+    assert 9 <= waiting["team_a_pending_behind"] <= 15 and 94 <= waiting["team_a_pending_blocked"] <= 100

@@ -128,6 +128,15 @@ def test_quota_page_in_the_airflow_ui_shows_quotas_bars_pending_reasons_and_pree
     }
     assert widths["borrowed"] != "width: 0%;" and widths["lent"] == "width: 0%;"
 
+    # Running jobs, from GET /quota/api/jobs: team-b's job holds 4 of its own GPUs and 1 of team-a's.
+    borrower = wait.until(ec.presence_of_element_located(
+        (By.CSS_SELECTOR, f"#running tr[data-job='{jobs['team_b_borrower_running']}']")))
+    assert "4 + 1 borrowed" in borrower.text and "local: 0,1,2,3,4" in borrower.text, borrower.text
+    assert borrower.find_element(By.CSS_SELECTOR, "td.reclaim").text == "yes"
+    owner = browser.find_element(By.CSS_SELECTOR, f"#running tr[data-job='{jobs['team_a_running']}']")
+    assert owner.find_element(By.CSS_SELECTOR, "td.reclaim").text == "no"
+    assert owner.find_element(By.TAG_NAME, "a").get_attribute("href").endswith("/runs/seeded/tasks/team_a_running")
+
     preemptions = browser.find_element(By.ID, "preemptions").text
     assert "quota_cases.team_b_preempted_earlier (seeded)" in preemptions
     assert "quota_cases.team_a_running (seeded)" in preemptions and "reclaim" in preemptions

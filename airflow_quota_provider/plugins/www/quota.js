@@ -144,16 +144,57 @@ function drawPreemptions(data) {
   }
 }
 
+function gpus(job) {
+  return job.borrowed_gpus ? `${job.owned_gpus} + ${job.borrowed_gpus} borrowed` : `${job.gpus}`;
+}
+
+function drawRunning(jobs) {
+  const body = document.querySelector("#running tbody");
+  body.replaceChildren();
+  if (!jobs.length) {
+    body.append(el("tr", {}, el("td", { colspan: "9", class: "none" }, "no job running")));
+    return;
+  }
+  const now = Date.now();
+  for (const job of jobs) {
+    const name = `${job.dag_id}.${job.task_id}${job.map_index >= 0 ? `[${job.map_index}]` : ""} (${job.run_id})`;
+    const checkpoint = job.last_checkpoint_at ? `${duration((now - Date.parse(job.last_checkpoint_at)) / 1000)} ago` : "unknown";
+    body.append(
+      el(
+        "tr",
+        { "data-job": job.id, "data-state": job.state },
+        el("td", {}, link(name, job.ti_url), job.state === "stopping" ? el("span", { class: "badge" }, "stopping") : null),
+        el("td", {}, job.quota),
+        el("td", { class: "num" }, gpus(job)),
+        el("td", {}, `${job.host ?? "–"}: ${job.devices.join(",") || "–"}`),
+        el("td", { class: "num" }, job.priority),
+        el("td", {}, job.started_at ? when(job.started_at) : "–"),
+        el("td", { class: "num" }, `${job.preemptions} of ${job.preemption_limit ?? "∞"}`),
+        el("td", {}, checkpoint),
+        el("td", { class: "reclaim" }, job.reclaim_candidate ? "yes" : "no"),
+      ),
+    );
+  }
+}
+
+async function getJson(url, what) {
+  const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+  if (!response.ok) {
+    const detail = await response.json().catch(() => ({}));
+    throw new Error(response.status === 401 ? "Not logged in to Airflow: log in and reload." : `${what} ${response.status}: ${detail.detail ?? response.statusText}`);
+  }
+  return response.json();
+}
+
 async function refresh() {
   const error = document.getElementById("error");
   try {
-    const response = await fetch("dashboard", { credentials: "same-origin", headers: { Accept: "application/json" } });
-    if (!response.ok) {
-      const detail = await response.json().catch(() => ({}));
-      throw new Error(response.status === 401 ? "Not logged in to Airflow: log in and reload." : `${response.status}: ${detail.detail ?? response.statusText}`);
-    }
-    const data = await response.json();
+    const [data, running] = await Promise.all([
+      getJson("dashboard", "dashboard"),
+      getJson("../api/jobs?state=running,stopping&limit=1000", "jobs"),
+    ]);
     drawQueues(data);
+    drawRunning(running.jobs);
     drawPreemptions(data);
     document.getElementById("updated").textContent = `updated ${new Date(data.generated_at).toLocaleTimeString()}`;
     error.hidden = true;
@@ -185,10 +226,8 @@ function hours(seconds) {
   return (seconds / 3600).toFixed(2);
 }
 
-async function getUsage(query) {
-  const response = await fetch(`../api/usage?${query}`, { credentials: "same-origin", headers: { Accept: "application/json" } });
-  if (!response.ok) throw new Error(`usage ${response.status}: ${(await response.json().catch(() => ({}))).detail ?? response.statusText}`);
-  return response.json();
+function getUsage(query) {
+  return getJson(`../api/usage?${query}`, "usage");
 }
 
 // A quota's row in a bucket; none (nothing charged) where the quota file in force then did not have it.
