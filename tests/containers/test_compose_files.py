@@ -61,6 +61,17 @@ def test_the_gpu_override_reserves_distinct_nvidia_gpus_for_each_host():
     assert not reserved["gpu-host-1"] & reserved["gpu-host-2"], reserved
 
 
+def test_gpu_hosts_on_nvidia_gpus_run_an_image_with_pytorch_s_cuda_build():
+    """docker/Dockerfile installs PyTorch's CPU build unless TORCH_BUILD=cuda: the GPU override
+    builds the GPU hosts so, under a tag of their own; the base file's services keep the CPU build."""
+    base = compose_config(COMPOSE_FILE)["services"]
+    gpu = compose_config(COMPOSE_FILE, GPU_OVERRIDE)["services"]
+    assert all("args" not in svc.get("build", {}) for svc in base.values())
+    for name in ("gpu-host-1", "gpu-host-2"):
+        assert gpu[name]["build"]["args"] == {"TORCH_BUILD": "cuda"}, name
+        assert gpu[name]["image"] != gpu["airflow-scheduler"]["image"], name
+
+
 def test_gpu_hosts_let_their_tasks_checkpoint_before_docker_compose_stop_kills_them():
     """`docker compose stop` sends SIGTERM, then SIGKILL after stop_grace_period: it must outlast the
     longest grace period a task gets (the quotas' default or the mounted quota file's), plus margin;

@@ -15,6 +15,7 @@ ASTRO = REPO / "docker" / "astro"
 # What the base images set that the steps use.
 OFFICIAL_IMAGE_ENV = {"AIRFLOW_HOME": "/opt/airflow"}
 ASTRO_RUNTIME_HOME = "/usr/local/airflow"  # the Runtime's AIRFLOW_HOME and WORKDIR
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def _installed_from(venv, module: str) -> str:
@@ -33,6 +34,9 @@ def test_the_official_image_dockerfile_installs_the_provider_from_source(tmp_pat
     # Installed from the copied source into the image's Python (not the project's editable install),
     # with the Celery provider, and the named volumes' mount points made.
     assert _installed_from(venv, "airflow_quota_provider").startswith(str(venv)), runs[0].stdout[-2000:]
+    # PyTorch from its CPU build's index by default (the CUDA build is docker/compose.gpu.yaml's).
+    assert dockerfile.args()["TORCH_BUILD"] == "cpu"
+    assert TORCH_CPU_INDEX in runs[0].stdout, runs[0].stdout[:2000]
     assert _installed_from(venv, "airflow.providers.celery")
     for volume in ("config", "checkpoints", "logs"):
         assert build.local(f"/opt/airflow/{volume}").is_dir()
