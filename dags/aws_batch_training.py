@@ -1,5 +1,10 @@
 """Fine-tune on SageMaker through an AWS Batch job queue with shared quotas: the same quota file, on AWS.
 
+**Needs an AWS account.** ``aws_batch_training`` and ``aws_batch_set_priority`` call AWS Batch and
+SageMaker through the ``aws_default`` connection. The local demo (``./scripts/run``, docker compose)
+lists them but has no AWS to talk to: a run there fails at its first AWS call. Give Airflow an
+``aws_default`` connection and the job queue below first (docs/aws-batch.md).
+
 Apply the quota file to the job queue first (plan shown, nothing changed with ``--dry-run``)::
 
     airflow quota apply --backend aws-batch --job-queue gpu-fleet --dry-run quotas-aws.yaml
@@ -71,7 +76,8 @@ TRAINING_JOB_REQUEST = {
 
 with DAG(
     dag_id="aws_batch_training",
-    description="SageMaker fine-tune on AWS Batch quota share team-a, preemptible, at most 3 preemptions",
+    description="Needs AWS: SageMaker fine-tune on AWS Batch quota share team-a, preemptible, at most 3 preemptions",
+    doc_md=__doc__,
     schedule=None,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
@@ -103,7 +109,8 @@ with DAG(
 
 with DAG(
     dag_id="aws_batch_set_priority",
-    description="Change the schedulingPriority of a queued or running AWS Batch service job",
+    description="Needs AWS: change the schedulingPriority of a queued or running AWS Batch service job",
+    doc_md=__doc__,
     schedule=None,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,

@@ -24,7 +24,9 @@ tasks = {
     ]
     for dag_id, dag in bag.dags.items()
 }
-print(json.dumps({"import_errors": bag.import_errors, "tasks": tasks}))
+docs = {dag_id: {"tags": sorted(dag.tags), "description": dag.description, "doc_md": dag.doc_md}
+        for dag_id, dag in bag.dags.items()}
+print(json.dumps({"import_errors": bag.import_errors, "tasks": tasks, "docs": docs}))
 """
 
 
@@ -48,6 +50,16 @@ QUOTA_DAGS = {"quota_team_b_sweep", "quota_team_a_finetune", "quota_inference_ev
 def test_every_dag_file_in_dags_imports_without_errors(dagbag):
     assert dagbag["import_errors"] == {}
     assert QUOTA_DAGS <= set(dagbag["tasks"])
+
+
+def test_the_aws_batch_examples_say_in_the_dag_list_and_their_docs_that_they_need_aws(dagbag):
+    """The local demo loads dags/ with nothing on AWS to talk to: a user sees why before triggering."""
+    aws = {dag_id for dag_id, doc in dagbag["docs"].items() if "aws-batch" in doc["tags"]}
+    assert aws == {"aws_batch_training", "aws_batch_set_priority"}
+    for dag_id in aws:
+        doc = dagbag["docs"][dag_id]
+        assert doc["description"].startswith("Needs AWS:"), dag_id
+        assert "**Needs an AWS account.**" in doc["doc_md"] and "aws_default" in doc["doc_md"], dag_id
 
 
 def test_example_tasks_are_quota_tasks_on_quotas_of_the_example_quota_file(dagbag):
