@@ -453,9 +453,14 @@ class _Cycle:
             self.decision.pending.append(Pending(job.id, positions[job.quota], reason, self.awaiting.get(job.id, [])))
 
 
+# Read once: on Python 3.11 each ``Enum.MEMBER`` read goes through the enum metaclass's ``__getattr__``
+# hook (~50 ns), and a replay asks this of each quota in most cycles.
+_WITHIN_NEVER, _RECLAIM_NEVER = WithinQuota.NEVER, Reclaim.NEVER
+
+
 def _rules_allow_victims(quota: Quota, borrow: bool) -> bool:
     """Whether any rule of ``quota`` allows a victim at all in a pass (its ``borrow`` flag)."""
     policy = quota.preemption
-    if policy.within_quota != WithinQuota.NEVER or policy.reclaim != Reclaim.NEVER:
+    if policy.within_quota != _WITHIN_NEVER or policy.reclaim != _RECLAIM_NEVER:
         return True
     return borrow and policy.borrow_within is not None
