@@ -85,3 +85,6 @@ class DashboardResponse(BaseModel):
     quota_file: str = Field(description="Path of the quota file in use.")
     queues: list[QueueView] = Field(description="Job queues with their quotas.")
     preemptions: list[PreemptionView] = Field(description="The most recent preemptions, newest first.")
+    editable_quotas: list[str] = Field(
+        default=[], description="Quotas whose jobs' priority the user may change (edit access to their pool)."
+    )

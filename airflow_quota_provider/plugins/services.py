@@ -3,7 +3,7 @@
 The routes stay thin: they check access, parse parameters and call one function here. Reads go
 through :mod:`airflow_quota_provider.usage`; the one write (a priority change) goes through
 :func:`airflow_quota_provider.models.job.set_priority`, the same function ``airflow quota set-priority``
-calls.
+calls, and is then written to the task instance's ``priority_weight`` (:func:`show_priority_on_task_instance`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from airflow_quota_provider.models.job import (
     EventKind,
@@ -447,7 +447,27 @@ def change_priority(
     )
     if changed.id != job.id:  # an older try of the task instance: the active job is a newer one
         raise Conflict(f"job {job.job_id} is superseded by job {changed.job_id} of the same task instance")
+    show_priority_on_task_instance(changed, session=session)
     return _job_response(job, quota_file, job_facts([job], quota_file, now=time.time(), session=session))
+
+
+def show_priority_on_task_instance(job: QuotaJob, *, session: Session) -> None:
+    """Write ``job``'s priority to its task instance's ``priority_weight``, which Airflow's UI and API
+    show: the job's own priority is what the executor orders by, but without this the task instance
+    kept the value of its DAG."""
+    from airflow.models.taskinstance import TaskInstance
+
+    session.execute(
+        update(TaskInstance)
+        .where(
+            TaskInstance.dag_id == job.dag_id,
+            TaskInstance.run_id == job.run_id,
+            TaskInstance.task_id == job.task_id,
+            TaskInstance.map_index == job.map_index,
+        )
+        .values(priority_weight=job.priority)
+        .execution_options(synchronize_session=False)
+    )
 
 
 # ------------------------------------------------------------------------------------------ events
@@ -501,7 +521,7 @@ def _event_response(e: QuotaEvent) -> EventResponse:
 # --------------------------------------------------------------------------------------------- UI
 
 
-def dashboard(quota_file: QuotaFile, quota_path: str, *, session: Session) -> DashboardResponse:
+def dashboard(quota_file: QuotaFile, quota_path: str, *, editable: Sequence[str] = (), session: Session) -> DashboardResponse:
     """One snapshot of everything the quota page draws."""
     now = time.time()
     rows = quota_rows(quota_file, session=session)
@@ -562,6 +582,7 @@ def dashboard(quota_file: QuotaFile, quota_path: str, *, session: Session) -> Da
         quota_file=quota_path,
         queues=views,
         preemptions=recent_preemptions(session=session),
+        editable_quotas=list(editable),
     )
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 from fastapi import Depends, HTTPException, status
 from fastapi.responses import FileResponse
 
-from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+from airflow.api_fastapi.auth.managers.models.resource_details import AccessView, PoolDetails
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.common.router import AirflowRouter
 from airflow.api_fastapi.core_api.openapi.exceptions import create_openapi_http_exception_doc
-from airflow.api_fastapi.core_api.security import requires_access_pool, requires_access_view
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_pool, requires_access_view
 from airflow_quota_provider.plugins import services
 from airflow_quota_provider.plugins.datamodels_ui import DashboardResponse
 from airflow_quota_provider.quota_file import QuotaFileUnavailable, configured_quota_file
@@ -40,12 +40,19 @@ def asset(name: str) -> FileResponse:
 
 
 @ui_router.get("/dashboard", dependencies=CanView, responses=create_openapi_http_exception_doc([503]))
-def dashboard(session: SessionDep) -> DashboardResponse:
-    """Per quota: its bar, its waiting jobs with reason and position; and recent preemptions."""
+def dashboard(session: SessionDep, user: GetUserDep) -> DashboardResponse:
+    """Per quota: its bar, its waiting jobs with reason and position; recent preemptions; and the
+    quotas whose jobs' priority this user may change (PATCH /quota/api/jobs/{id}'s per-pool check)."""
+    from airflow.api_fastapi.app import get_auth_manager
     from airflow.configuration import conf
 
     try:
         quota_file = configured_quota_file()
     except QuotaFileUnavailable as e:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(e))
-    return services.dashboard(quota_file, conf.get("quota", "quota_file"), session=session)
+    auth = get_auth_manager()
+    editable = [
+        q.name for queue in quota_file.queues for q in queue.quotas
+        if auth.is_authorized_pool(method="PUT", details=PoolDetails(name=q.name), user=user)
+    ]
+    return services.dashboard(quota_file, conf.get("quota", "quota_file"), editable=editable, session=session)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 import yaml
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from airflow_quota_provider.models.base import quota_metadata
@@ -135,3 +135,32 @@ def test_a_job_back_in_line_waits_since_it_went_back_not_since_its_first_submiss
     assert 94 <= now - jobs["team_a_pending_blocked"].waiting_since.timestamp() <= 100  # never ran: its submission
     waiting = {p.label.split(".")[1].split(" ")[0]: p.waiting_s for p in fleet.quotas[0].pending}
     assert 9 <= waiting["team_a_pending_behind"] <= 15 and 94 <= waiting["team_a_pending_blocked"] <= 100
+
+
+# ------------------------------------------------------------------------------------ priority changes
+
+
+def test_a_priority_change_is_what_the_task_instance_says_afterwards(tmp_path):
+    import uuid
+
+    import airflow.models
+    from airflow.models.base import Base
+    from airflow.models.taskinstance import TaskInstance
+
+    airflow.models.import_all_models()
+    quota_file = parse_quota_file(yaml.safe_load(QUOTAS))
+    with _session(tmp_path) as session:
+        Base.metadata.create_all(session.connection())
+        ids = seed_into(list(BASELINE), session=session)
+        job = session.get(QuotaJob, ids["team_a_pending_behind"])
+        session.execute(TaskInstance.__table__.insert().values(
+            id=uuid.uuid4(), dag_id=job.dag_id, run_id=job.run_id, task_id=job.task_id, map_index=-1, try_number=1,
+            max_tries=0, hostname="", pool="team-a", pool_slots=1, queue="default", priority_weight=20,
+            custom_operator_name="", executor_config=b"",
+        ))
+        changed = services.change_priority(str(job.id), 70, quota_file, by="op (quota page)", session=session)
+        weight = session.scalar(select(TaskInstance.priority_weight).where(TaskInstance.task_id == job.task_id))
+        with pytest.raises(ValueError, match="above quota team-a's max_priority 100"):
+            services.change_priority(str(job.id), 101, quota_file, by="op (quota page)", session=session)
+        weight_after_refusal = session.scalar(select(TaskInstance.priority_weight).where(TaskInstance.task_id == job.task_id))
+    assert (changed.priority, weight, weight_after_refusal) == (70, 70, 70)

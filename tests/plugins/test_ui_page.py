@@ -128,6 +128,8 @@ def test_quota_page_in_the_airflow_ui_shows_quotas_bars_pending_reasons_and_pree
     }
     assert widths["borrowed"] != "width: 0%;" and widths["lent"] == "width: 0%;"
 
+    assert browser.find_elements(By.CSS_SELECTOR, "form.set-priority") == []  # a viewer may not edit pools
+
     # Running jobs, from GET /quota/api/jobs: team-b's job holds 4 of its own GPUs and 1 of team-a's.
     borrower = wait.until(ec.presence_of_element_located(
         (By.CSS_SELECTOR, f"#running tr[data-job='{jobs['team_b_borrower_running']}']")))
@@ -190,3 +192,30 @@ def test_quota_page_refreshes_itself(server, browser):
     server.seed({"case": "ui_refresh_new_waiter", "quota": "team-lab", "gpus": 1, "reason": "seen after a refresh"})
     row = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "[data-quota='team-lab'] tr[data-job]")))
     assert "seen after a refresh" in row.text
+
+
+def test_an_operator_changes_a_priority_in_the_page_and_is_told_why_a_value_is_refused(server, browser):
+    server.baseline()
+    (job,) = server.seed({"case": "ui_priority_edit", "quota": "team-a", "gpus": 1, "priority": 20, "position": 3}).values()
+    _log_in(browser, server, "op")
+    browser.get(f"{server.base}/quota/ui/")
+    wait = WebDriverWait(browser, 60)
+    form = f"form.set-priority[data-job='{job}']"
+
+    def submit(value: str) -> str:
+        field = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f"{form} input")))
+        field.clear()
+        field.send_keys(value)
+        browser.find_element(By.CSS_SELECTOR, f"{form} button").click()
+        return wait.until(lambda d: d.find_element(By.ID, "notice").text or None)
+
+    row = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f"tr[data-job='{job}']")))
+    assert "at most 100" in row.text
+    refused = submit("101")
+    assert refused == f"Job {job}: priority not changed: priority: 101 is above quota team-a's max_priority 100", refused
+    browser.execute_script("document.getElementById('notice').textContent = ''")
+    assert submit("60") == f"Job {job}: priority 20 → 60."
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, f"{form} input").get_attribute("value") == "60")
+
+    status, body = server.request("GET", f"/quota/api/events?job_id={job}&kind=priority_changed", user="viewer")
+    assert status == 200 and [e["message"] for e in body["events"]] == ["priority 20 -> 60 by op (REST API)"], body

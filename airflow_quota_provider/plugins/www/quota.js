@@ -3,6 +3,7 @@
 
 const REFRESH_S = 5;
 let timer = null;
+let editable = new Set();  // quotas whose jobs' priority this user may change (the dashboard says)
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -55,6 +56,49 @@ function limits(quota) {
   return parts.join(", ");
 }
 
+// A job's priority, with a form to change it where the user has edit access to the quota's pool:
+// PATCH ../api/jobs/{id}, which refuses more than the quota's max_priority (shown beside it).
+function priorityCell(job, quota, maxPriority) {
+  const cell = el("td", { class: "num priority" }, job.priority);
+  if (!editable.has(quota)) return cell;
+  const input = el("input", { type: "number", step: "1", name: "priority", value: job.priority, "aria-label": `new priority of job ${job.id}` });
+  const form = el("form", { class: "set-priority", "data-job": job.id }, input, el("button", { type: "submit" }, "Set"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    setPriority(job, quota, input.value);
+  });
+  cell.replaceChildren(form, maxPriority === null ? null : el("div", { class: "limit" }, `at most ${maxPriority}`));
+  return cell;
+}
+
+function refusal(status, body, quota) {
+  if (status === 403) return `you have no edit access to pool ${quota}`;
+  if (status === 422) return "a priority is a whole number from -2147483648 to 2147483647";
+  return typeof body.detail === "string" ? body.detail : `${status}`;
+}
+
+async function setPriority(job, quota, value) {
+  const notice = document.getElementById("notice");
+  const priority = value.trim() === "" ? null : Number(value);
+  try {
+    const response = await fetch(`../api/jobs/${job.id}`, {
+      method: "PATCH", credentials: "same-origin",
+      headers: { "Content-Type": "application/json", Accept: "application/json" },
+      body: JSON.stringify({ priority }),
+    });
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error(refusal(response.status, body, quota));
+    notice.textContent = `Job ${job.id}: priority ${job.priority} → ${body.priority}.`;
+    notice.classList.remove("error");
+  } catch (e) {
+    notice.textContent = `Job ${job.id}: priority not changed: ${e.message}`;
+    notice.classList.add("error");
+  }
+  notice.hidden = false;
+  document.activeElement.blur();
+  refresh();
+}
+
 function pendingTable(quota) {
   if (!quota.pending.length) return el("div", { class: "none" }, "no job waiting");
   const body = el("tbody");
@@ -66,7 +110,7 @@ function pendingTable(quota) {
         el("td", { class: "num" }, job.position ?? "–"),
         el("td", {}, link(job.label, job.ti_url)),
         el("td", { class: "num" }, job.gpus),
-        el("td", { class: "num" }, job.priority),
+        priorityCell(job, quota.name, quota.max_priority),
         el("td", { class: "num" }, duration(job.waiting_s)),
         el("td", { class: "start" }, job.expected_start),
         el("td", { class: "reason" }, job.reason),
@@ -167,7 +211,7 @@ function drawRunning(jobs) {
         el("td", {}, job.quota),
         el("td", { class: "num" }, gpus(job)),
         el("td", {}, `${job.host ?? "–"}: ${job.devices.join(",") || "–"}`),
-        el("td", { class: "num" }, job.priority),
+        priorityCell(job, job.quota, job.max_priority),
         el("td", {}, job.started_at ? when(job.started_at) : "–"),
         el("td", { class: "num" }, `${job.preemptions} of ${job.preemption_limit ?? "∞"}`),
         el("td", {}, checkpoint),
@@ -188,11 +232,14 @@ async function getJson(url, what) {
 
 async function refresh() {
   const error = document.getElementById("error");
+  // Redrawing would throw away a priority being typed: wait for the next tick.
+  if (document.activeElement?.closest("form.set-priority")) return;
   try {
     const [data, running] = await Promise.all([
       getJson("dashboard", "dashboard"),
       getJson("../api/jobs?state=running,stopping&limit=1000", "jobs"),
     ]);
+    editable = new Set(data.editable_quotas);
     drawQueues(data);
     drawRunning(running.jobs);
     drawPreemptions(data);
