@@ -132,9 +132,9 @@ def get_events(
     session: SessionDep,
     quota: Annotated[str | None, Query(description="Only events of this quota."), in_query(type="string")] = None,
     kind: Annotated[
-        str | None,
-        Query(description=f"Only this kind: {', '.join(services.EVENT_KINDS)}."),
-        in_query(type="string", enum=list(services.EVENT_KINDS)),
+        list[str] | None,
+        Query(description=f"Only events of these kinds (repeat or comma-separate): {', '.join(services.EVENT_KINDS)}."),
+        in_query(type="array", items={"type": "string", "pattern": services.KINDS_PATTERN}),
     ] = None,
     job_id: Annotated[
         str | None,
@@ -146,7 +146,7 @@ def get_events(
 ) -> EventCollectionResponse:
     """The audit log, newest first, paged."""
     try:
-        return services.events(quota=quota, kind=kind, job_id=job_id, limit=limit, offset=offset, session=session)
+        return services.events(quota=quota, kinds=kind, job_id=job_id, limit=limit, offset=offset, session=session)
     except services.BadRequest as e:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(e))
 

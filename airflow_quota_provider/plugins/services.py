@@ -69,9 +69,18 @@ if TYPE_CHECKING:
 
 JOB_STATES = tuple(s.value for s in JobState)
 EVENT_KINDS = tuple(k.value for k in EventKind)
-_ANY_STATE = "|".join(JOB_STATES)
-STATES_PATTERN = rf"^ *({_ANY_STATE}) *(, *({_ANY_STATE}) *)*$"
+
+
+def _one_or_more(choices: Sequence[str]) -> str:
+    """The pattern of one query value that names one of ``choices``, or several separated by commas."""
+    one = "|".join(choices)
+    return rf"^ *({one}) *(, *({one}) *)*$"
+
+
+STATES_PATTERN = _one_or_more(JOB_STATES)
 """One ``state`` query value: a job state, or several separated by commas."""
+KINDS_PATTERN = _one_or_more(EVENT_KINDS)
+"""One ``kind`` query value: an event kind, or several separated by commas."""
 RECENT_PREEMPTIONS = 20
 
 MAX_JOB_ID = 2**31 - 1
@@ -390,14 +399,14 @@ def _paged(query, order, *, limit: int, offset: int, session: Session) -> tuple[
     return total, session.scalars(query.order_by(*order).limit(limit).offset(offset)).all()
 
 
-def parse_states(states: Sequence[str] | None) -> list[str] | None:
-    """``state`` query values (repeatable, or comma-separated) checked against the job states."""
-    if not states:
+def parse_choices(values: Sequence[str] | None, choices: Sequence[str], field: str) -> list[str] | None:
+    """Query values of ``field`` (repeatable, or comma-separated) checked against ``choices``."""
+    if not values:
         return None
-    wanted = [s.strip() for value in states for s in value.split(",")]
+    wanted = [s.strip() for value in values for s in value.split(",")]
     for s in wanted:
-        if s not in JOB_STATES:
-            raise BadRequest(f"state: {shown(s)} is not one of {', '.join(JOB_STATES)}")
+        if s not in choices:
+            raise BadRequest(f"{field}: {shown(s)} is not one of {', '.join(choices)}")
     return wanted
 
 
@@ -413,7 +422,7 @@ def jobs(
     query = select(QuotaJob)
     if quota:
         query = query.where(QuotaJob.quota == quota)
-    wanted = parse_states(states)
+    wanted = parse_choices(states, JOB_STATES, "state")
     if wanted:
         query = query.where(QuotaJob.state.in_(wanted))
     total, rows = _paged(query, (QuotaJob.submitted_at, QuotaJob.id), limit=limit, offset=offset, session=session)
@@ -476,7 +485,7 @@ def show_priority_on_task_instance(job: QuotaJob, *, session: Session) -> None:
 def events(
     *,
     quota: str | None,
-    kind: str | None,
+    kinds: Sequence[str] | None,
     job_id: str | None,
     limit: int,
     offset: int,
@@ -485,10 +494,9 @@ def events(
     query = select(QuotaEvent)
     if quota:
         query = query.where(QuotaEvent.quota == quota)
-    if kind is not None:
-        if kind not in EVENT_KINDS:
-            raise BadRequest(f"kind: {shown(kind)} is not one of {', '.join(EVENT_KINDS)}")
-        query = query.where(QuotaEvent.kind == kind)
+    wanted = parse_choices(kinds, EVENT_KINDS, "kind")
+    if wanted:
+        query = query.where(QuotaEvent.kind.in_(wanted))
     if job_id:
         number = parse_job_id(job_id)
         if number is None:

@@ -140,17 +140,23 @@ def test_a_job_back_in_line_waits_since_it_went_back_not_since_its_first_submiss
 # ------------------------------------------------------------------------------------ priority changes
 
 
+def _with_airflow_tables(session: Session) -> Session:
+    """``session`` with Airflow's own tables too (a priority change writes to task_instance)."""
+    import airflow.models
+    from airflow.models.base import Base
+
+    airflow.models.import_all_models()
+    Base.metadata.create_all(session.connection())
+    return session
+
+
 def test_a_priority_change_is_what_the_task_instance_says_afterwards(tmp_path):
     import uuid
 
-    import airflow.models
-    from airflow.models.base import Base
     from airflow.models.taskinstance import TaskInstance
 
-    airflow.models.import_all_models()
     quota_file = parse_quota_file(yaml.safe_load(QUOTAS))
-    with _session(tmp_path) as session:
-        Base.metadata.create_all(session.connection())
+    with _with_airflow_tables(_session(tmp_path)) as session:
         ids = seed_into(list(BASELINE), session=session)
         job = session.get(QuotaJob, ids["team_a_pending_behind"])
         session.execute(TaskInstance.__table__.insert().values(
@@ -164,3 +170,24 @@ def test_a_priority_change_is_what_the_task_instance_says_afterwards(tmp_path):
             services.change_priority(str(job.id), 101, quota_file, by="op (quota page)", session=session)
         weight_after_refusal = session.scalar(select(TaskInstance.priority_weight).where(TaskInstance.task_id == job.task_id))
     assert (changed.priority, weight, weight_after_refusal) == (70, 70, 70)
+
+
+# ------------------------------------------------------------------------------------------- audit
+
+
+def test_the_audit_log_filters_on_several_kinds_a_quota_and_a_job(tmp_path):
+    quota_file = parse_quota_file(yaml.safe_load(QUOTAS))
+    with _with_airflow_tables(_session(tmp_path)) as session:
+        ids = seed_into(list(BASELINE), session=session)
+        behind = str(ids["team_a_pending_behind"])
+        services.change_priority(behind, 30, quota_file, by="op (REST API)", session=session)
+
+        def kinds(**filters) -> list[str]:
+            found = services.events(limit=100, offset=0, session=session, **{"quota": None, "job_id": None, **filters})
+            return [e.kind for e in found.events]
+
+        assert kinds(kinds=["preempted,priority_changed"]) == ["priority_changed", "preempted"]
+        assert kinds(kinds=["preempted", "priority_changed"], quota="team-a") == ["priority_changed"]
+        assert kinds(kinds=None, job_id=behind) == ["priority_changed", "submitted"]
+        with pytest.raises(services.BadRequest, match="^kind: 'nope' is not one of submitted, admitted"):
+            kinds(kinds=["preempted,nope"])

@@ -16,7 +16,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.quota_api_support import PASSWORDS, REASON_BLOCKED
 
@@ -139,6 +139,13 @@ def test_quota_page_in_the_airflow_ui_shows_quotas_bars_pending_reasons_and_pree
     assert owner.find_element(By.CSS_SELECTOR, "td.reclaim").text == "no"
     assert owner.find_element(By.TAG_NAME, "a").get_attribute("href").endswith("/runs/seeded/tasks/team_a_running")
 
+    # The audit log shows the preemption by default; filtered on team-a (the victim's quota is team-b), not.
+    audit = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#events tr[data-kind='preempted']")))
+    assert f"job {jobs['team_b_preempted_earlier']} stopped for job {jobs['team_a_running']}" in audit.text
+    Select(browser.find_element(By.CSS_SELECTOR, "#audit-filters [name=quota]")).select_by_value("team-a")
+    browser.find_element(By.CSS_SELECTOR, "#audit-filters button").click()
+    wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#events tr[data-kind='preempted']"))
+
     preemptions = browser.find_element(By.ID, "preemptions").text
     assert "quota_cases.team_b_preempted_earlier (seeded)" in preemptions
     assert "quota_cases.team_a_running (seeded)" in preemptions and "reclaim" in preemptions
@@ -217,5 +224,11 @@ def test_an_operator_changes_a_priority_in_the_page_and_is_told_why_a_value_is_r
     assert submit("60") == f"Job {job}: priority 20 → 60."
     wait.until(lambda d: d.find_element(By.CSS_SELECTOR, f"{form} input").get_attribute("value") == "60")
 
-    status, body = server.request("GET", f"/quota/api/events?job_id={job}&kind=priority_changed", user="viewer")
-    assert status == 200 and [e["message"] for e in body["events"]] == ["priority 20 -> 60 by op (REST API)"], body
+    # The audit log, filtered on the job: who changed what, and when.
+    filters = browser.find_element(By.ID, "audit-filters")
+    Select(filters.find_element(By.NAME, "kind")).select_by_visible_text("priority changes")
+    filters.find_element(By.NAME, "job_id").send_keys(str(job))
+    filters.find_element(By.CSS_SELECTOR, "button").click()
+    wait.until(lambda d: [r.get_attribute("data-kind") for r in d.find_elements(By.CSS_SELECTOR, "#events tr[data-kind]")]
+               == ["priority_changed"])
+    assert "priority 20 -> 60 by op (REST API)" in browser.find_element(By.CSS_SELECTOR, "#events tr[data-kind]").text

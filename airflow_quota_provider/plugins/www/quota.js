@@ -221,6 +221,53 @@ function drawRunning(jobs) {
   }
 }
 
+// The audit log: the kinds, quota and job the filters name; the latest AUDIT_ROWS events.
+const AUDIT_ROWS = 100;
+
+function fillQuotaFilter(data) {
+  const select = document.querySelector("#audit-filters [name=quota]");
+  const names = data.queues.flatMap((q) => q.quotas.map((quota) => quota.name));
+  const have = [...select.options].slice(1).map((o) => o.value);
+  if (have.join() === names.join()) return;
+  const chosen = select.value;
+  select.replaceChildren(select.options[0], ...names.map((n) => el("option", { value: n }, n)));
+  select.value = names.includes(chosen) ? chosen : "";
+}
+
+function eventJob(e) {
+  if (e.job_id === null) return "";
+  const mi = e.map_index !== null && e.map_index >= 0 ? `[${e.map_index}]` : "";
+  return e.dag_id ? `${e.dag_id}.${e.task_id}${mi} (${e.run_id}) #${e.job_id}` : `job ${e.job_id}`;
+}
+
+function eventDetails(e) {
+  const parts = [];
+  if (e.reason) parts.push(e.reason);
+  if (e.victim && e.preemptor) parts.push(`job ${e.victim} stopped for job ${e.preemptor}`);
+  if (e.host) parts.push(`${e.host}${e.devices.length ? `: ${e.devices.join(",")}` : ""}`);
+  if (e.message) parts.push(e.message);
+  return parts.join(" · ");
+}
+
+async function refreshAudit() {
+  const form = document.getElementById("audit-filters");
+  if (!form.reportValidity()) return;
+  const query = new URLSearchParams({ limit: AUDIT_ROWS });
+  for (const name of ["kind", "quota", "job_id"]) {
+    const value = form.elements[name].value.trim();
+    if (value) query.set(name, value);
+  }
+  const data = await getJson(`../api/events?${query}`, "events");
+  const body = document.querySelector("#events tbody");
+  body.replaceChildren();
+  if (!data.events.length) body.append(el("tr", {}, el("td", { colspan: "5", class: "none" }, "no such event")));
+  for (const e of data.events) {
+    body.append(el("tr", { "data-event": e.id, "data-kind": e.kind }, el("td", {}, when(e.at)), el("td", {}, e.kind.replaceAll("_", " ")),
+                   el("td", {}, eventJob(e)), el("td", {}, e.quota ?? ""), el("td", {}, eventDetails(e))));
+  }
+  document.getElementById("events-count").textContent = `${data.events.length} of ${data.total_entries} shown`;
+}
+
 async function getJson(url, what) {
   const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
   if (!response.ok) {
@@ -243,6 +290,8 @@ async function refresh() {
     drawQueues(data);
     drawRunning(running.jobs);
     drawPreemptions(data);
+    fillQuotaFilter(data);
+    await refreshAudit();
     document.getElementById("updated").textContent = `updated ${new Date(data.generated_at).toLocaleTimeString()}`;
     error.hidden = true;
   } catch (e) {
@@ -349,6 +398,10 @@ function schedule() {
 
 document.getElementById("every").textContent = REFRESH_S;
 document.getElementById("auto").addEventListener("change", schedule);
+document.getElementById("audit-filters").addEventListener("submit", (event) => {
+  event.preventDefault();
+  refresh();
+});
 refresh();
 schedule();
 refreshUsage();
