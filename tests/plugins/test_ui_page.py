@@ -153,7 +153,7 @@ def test_quota_page_in_the_airflow_ui_shows_quotas_bars_pending_reasons_and_pree
     # Usage: one chart per quota and span, four series each; what was held has an area.
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "svg.usage-chart[data-span='week']")))
     geometry = _chart_geometry(browser)
-    assert set(geometry) == {(q, span) for q in quotas for span in ("day", "week")}
+    assert set(geometry) == {(q, span) for q in quotas for span in ("hour", "day", "week")}
     assert all(set(series) == {"owned", "lent", "idle", "borrowed"} for series in geometry.values())
     for quota, span, kind in (("team-a", "week", "owned"), ("team-a", "day", "lent"), ("team-b", "day", "borrowed"),
                               ("team-b", "week", "borrowed"), ("team-lab", "day", "owned")):
@@ -232,3 +232,47 @@ def test_an_operator_changes_a_priority_in_the_page_and_is_told_why_a_value_is_r
     wait.until(lambda d: [r.get_attribute("data-kind") for r in d.find_elements(By.CSS_SELECTOR, "#events tr[data-kind]")]
                == ["priority_changed"])
     assert "priority 20 -> 60 by op (REST API)" in browser.find_element(By.CSS_SELECTOR, "#events tr[data-kind]").text
+
+
+def test_charts_follow_the_quota_files_order_have_ticks_and_an_error_stays_until_its_next_load(server, browser):
+    server.baseline()
+    original = server.instance.quota_path.read_text()
+    # team-b before team-a: the file's order is no longer the names' order.
+    server.instance.quota_path.write_text(original.replace(
+        "      - {name: team-a, capacity: 4, max_priority: 100}\n      - {name: team-b, capacity: 4, sharing: lend_and_borrow, borrow_limit: 4}\n",
+        "      - {name: team-b, capacity: 4, sharing: lend_and_borrow, borrow_limit: 4}\n      - {name: team-a, capacity: 4, max_priority: 100}\n",
+    ))
+    try:
+        _log_in(browser, server, "viewer")
+        browser.get(f"{server.base}/quota/ui/")
+        wait = WebDriverWait(browser, 60)
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "svg.usage-chart[data-span='week']")))
+        order = ["team-b", "team-a", "team-lab"]
+        assert [e.get_attribute("data-quota") for e in browser.find_elements(By.CSS_SELECTOR, "[data-quota]")] == order
+        charts = browser.find_elements(By.CSS_SELECTOR, "svg.usage-chart")
+        assert [c.get_attribute("data-usage") for c in charts][::3] == order
+        assert [r.get_attribute("data-key") for r in browser.find_elements(By.CSS_SELECTOR, "#chargeback tbody tr")] == order
+        for chart in charts:
+            span = chart.get_attribute("data-span")
+            times = [t.text for t in chart.find_elements(By.CSS_SELECTOR, "text")]
+            expected = {"hour": ["-15 min", "-30 min", "-45 min", "-60 min"], "day": ["-6 h", "-12 h", "-18 h", "-24 h"],
+                        "week": ["-1 d", "-2 d", "-3 d", "-4 d", "-5 d", "-6 d", "-7 d"]}[span]
+            assert all(t in times for t in expected) and "now" in times and "0" in times, (span, times)
+    finally:
+        server.instance.quota_path.write_text(original)
+
+    # A failed usage load stays shown across the quota refreshes that succeed meanwhile (every 5 s) ...
+    browser.execute_script("""
+        window.realFetch = window.fetch;
+        window.fetch = (url, options) => String(url).includes("api/usage")
+            ? Promise.resolve(new Response(JSON.stringify({detail: "usage is down"}), {status: 503}))
+            : window.realFetch(url, options);
+        refreshUsage();""")
+    error = browser.find_element(By.ID, "error")
+    wait.until(lambda d: error.text == "Could not load usage: usage 503: usage is down")
+    shown = browser.find_element(By.ID, "updated").text
+    wait.until(lambda d: d.find_element(By.ID, "updated").text != shown)
+    assert error.is_displayed() and error.text == "Could not load usage: usage 503: usage is down"
+    # ... until usage loads again.
+    browser.execute_script("window.fetch = window.realFetch; refreshUsage();")
+    wait.until(lambda d: not error.is_displayed())

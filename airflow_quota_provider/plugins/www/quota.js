@@ -4,6 +4,22 @@
 const REFRESH_S = 5;
 let timer = null;
 let editable = new Set();  // quotas whose jobs' priority this user may change (the dashboard says)
+let quotaOrder = [];  // the quota file's order, which the bars, charts and chargeback table all follow
+
+// Each loader's error stays shown until that loader next succeeds (another one's success leaves it).
+const errors = new Map();
+function report(source, message) {
+  if (message === null) errors.delete(source);
+  else errors.set(source, message);
+  const node = document.getElementById("error");
+  node.replaceChildren(...[...errors.values()].map((m) => el("div", {}, m)));
+  node.hidden = errors.size === 0;
+}
+
+function inQuotaOrder(rows) {
+  const at = (key) => (quotaOrder.includes(key) ? quotaOrder.indexOf(key) : quotaOrder.length);
+  return [...rows].sort((a, b) => at(a.key) - at(b.key) || a.key.localeCompare(b.key));
+}
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -278,7 +294,6 @@ async function getJson(url, what) {
 }
 
 async function refresh() {
-  const error = document.getElementById("error");
   // Redrawing would throw away a priority being typed: wait for the next tick.
   if (document.activeElement?.closest("form.set-priority")) return;
   try {
@@ -287,27 +302,30 @@ async function refresh() {
       getJson("../api/jobs?state=running,stopping&limit=1000", "jobs"),
     ]);
     editable = new Set(data.editable_quotas);
+    quotaOrder = data.queues.flatMap((q) => q.quotas.map((quota) => quota.name));
     drawQueues(data);
     drawRunning(running.jobs);
     drawPreemptions(data);
     fillQuotaFilter(data);
     await refreshAudit();
     document.getElementById("updated").textContent = `updated ${new Date(data.generated_at).toLocaleTimeString()}`;
-    error.hidden = true;
+    report("quotas", null);
   } catch (e) {
-    error.textContent = `Could not load quotas: ${e.message}`;
-    error.hidden = false;
+    report("quotas", `Could not load quotas: ${e.message}`);
   }
 }
 
 // Usage: each quota's average GPUs per bucket, stacked (owned, lent, idle up to its capacity;
-// borrowed above it), over the last day and week. Drawn as SVG by this script; refreshed each minute.
+// borrowed above it), over the last hour, day and week, with time and GPU ticks. Drawn as SVG by this
+// script; refreshed each minute.
 const SVG = "http://www.w3.org/2000/svg";
 const USAGE_REFRESH_S = 60;
 const SPANS = [
-  { name: "day", label: "last 24 hours", seconds: 86400, every: 3600 },
-  { name: "week", label: "last 7 days", seconds: 7 * 86400, every: 6 * 3600 },
+  { name: "hour", label: "last hour", seconds: 3600, every: 300, tick: 900, unit: [60, "min"] },
+  { name: "day", label: "last 24 hours", seconds: 86400, every: 3600, tick: 6 * 3600, unit: [3600, "h"] },
+  { name: "week", label: "last 7 days", seconds: 7 * 86400, every: 6 * 3600, tick: 86400, unit: [86400, "d"] },
 ];
+const CHARGEBACK_SPAN = "week";
 const STACK = [["owned", "used_within"], ["lent", "lent"], ["idle", "idle"], ["borrowed", "borrowed"]];
 const W = 400, H = 90, TOP = 12, BOTTOM = 12;
 
@@ -358,36 +376,59 @@ function chart(quota, span, data) {
     base = tops;
   }
   node.append(svg("line", { class: "capline", x1: 0, x2: W, y1: y(capacity), y2: y(capacity) }));
-  node.append(svg("text", { x: 2, y: 10 }, `${top.toFixed(1)} GPUs`), svg("text", { x: W - 2, y: H - 2, "text-anchor": "end" }, "now"),
-              svg("text", { x: 2, y: H - 2 }, `-${span.name === "day" ? "24 h" : "7 d"}`));
-  return el("figure", {}, node, el("figcaption", {}, span.label));
+  ticks(node, span, t0, t1, top, y);
+  return el("figure", {}, node, el("figcaption", {}, `${span.label}, GPUs`));
+}
+
+// A step of 1, 2 or 5 times a power of ten that cuts 0..top into at most 4 parts.
+function gpuStep(top) {
+  for (let power = 1; ; power *= 10) {
+    for (const step of [power, 2 * power, 5 * power]) if (top / step <= 4) return step;
+  }
+}
+
+// Time ticks every span.tick seconds back from now (labelled in span.unit), GPU ticks every gpuStep.
+function ticks(node, span, t0, t1, top, y) {
+  const [unit, name] = span.unit;
+  for (let ago = span.tick; ago <= span.seconds; ago += span.tick) {
+    const x = ((t1 - ago * 1000 - t0) / (t1 - t0)) * W;
+    if (x < 0) break;  // before the install: the chart starts later
+    node.append(svg("line", { class: "tick", "data-axis": "time", x1: x, x2: x, y1: H - BOTTOM, y2: H - BOTTOM + 3 }),
+                svg("text", { x, y: H - 2, "text-anchor": x < 20 ? "start" : "middle" }, `-${ago / unit} ${name}`));
+  }
+  node.append(svg("text", { x: W - 2, y: H - 2, "text-anchor": "end" }, "now"));
+  const step = gpuStep(top);
+  for (let gpus = 0; gpus <= top; gpus += step) {
+    node.append(svg("line", { class: "tick", "data-axis": "gpus", x1: 0, x2: W, y1: y(gpus), y2: y(gpus), "stroke-opacity": 0.5 }),
+                svg("text", { x: 2, y: y(gpus) - 1 }, `${gpus}`));
+  }
 }
 
 function drawChargeback(week) {
   const body = document.querySelector("#chargeback tbody");
   body.replaceChildren();
-  for (const r of week.rows) {
+  for (const r of inQuotaOrder(week.rows)) {
     body.append(el("tr", { "data-key": r.key }, el("td", {}, r.key),
                     ...[r.capacity_s, r.used_within, r.borrowed, r.lent, r.idle, r.lost].map((v) => el("td", { class: "num" }, hours(v)))));
   }
 }
 
 async function refreshUsage() {
-  const error = document.getElementById("error");
   const until = Math.floor(Date.now() / 1000);
   try {
     const data = await Promise.all(SPANS.map((s) => getUsage(`since=${until - s.seconds}&until=${until}&every=${s.every}`)));
     const root = document.getElementById("charts");
     root.replaceChildren();
-    for (const row of data[0].rows) {
+    for (const row of inQuotaOrder(data[0].rows)) {
       root.append(el("div", { class: "name" }, row.key), ...SPANS.map((s, i) => chart(row.key, s, data[i])));
     }
-    drawChargeback(data[1]);
+    const chargeback = SPANS.findIndex((s) => s.name === CHARGEBACK_SPAN);
+    drawChargeback(data[chargeback]);
     // The CSV names the same bounds as the table, so its figures are the table's (in GPU-seconds).
-    document.getElementById("csv").href = `../api/usage?since=${until - SPANS[1].seconds}&until=${until}&format=csv`;
+    document.getElementById("csv").href = `../api/usage?since=${until - SPANS[chargeback].seconds}&until=${until}&format=csv`;
+    report("usage", null);
   } catch (e) {
-    error.textContent = `Could not load usage: ${e.message}`;
-    error.hidden = false;
+    report("usage", `Could not load usage: ${e.message}`);
   }
 }
 
@@ -402,7 +443,6 @@ document.getElementById("audit-filters").addEventListener("submit", (event) => {
   event.preventDefault();
   refresh();
 });
-refresh();
 schedule();
-refreshUsage();
+refresh().then(refreshUsage);  // the charts follow the quota order the dashboard gives
 setInterval(() => document.getElementById("auto").checked && refreshUsage(), USAGE_REFRESH_S * 1000);
