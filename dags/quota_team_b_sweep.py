@@ -9,7 +9,8 @@ owns 4, team-b 2, inference 2 reserved):
 2. Trigger ``quota_team_a_finetune``: team-a wants 2 of its GPUs back. The executor preempts two
    of team-b's borrowing trials (reclaim): each gets SIGTERM, writes a checkpoint within its grace
    period and goes to *up_for_reschedule* (grid view: light blue), not *failed*; its try number
-   stays 1.
+   stays 1. The light blue lasts about a second: Airflow queues the task again at once, so it shows
+   *queued* while it waits for GPUs again.
 3. When team-a's job ends, the preempted trials start again, print ``resume from ...ckpt-N.pt`` in
    their log and continue from step N.
 """
