@@ -249,8 +249,9 @@ class _Cycle:
             return self._failed_at_most(self._fit_failed, name, borrow, smallest) and (
                 not _rules_allow_victims(quota, borrow) or self._failed_at_most(self._search_failed, name, borrow, smallest)
             )
-        if not self._failed_at_most(self._fit_failed, name, borrow, smallest) and self.usage.fits(
-            name, smallest, borrow=borrow
+        # The fit first: O(1) as well, and most quotas a pass closes do not fit (the memo is then moot).
+        if self.usage.fits(name, smallest, borrow=borrow) and not self._failed_at_most(
+            self._fit_failed, name, borrow, smallest
         ):
             return False
         return (
