@@ -9,7 +9,8 @@ import yaml
 PROJECT = Path(__file__).resolve().parents[2]
 # The scheduler's settings at `astro dev start` (docker-compose.override.yml), before Airflow reads
 # its configuration: the DAGs' tasks name its executor, and a DAG whose executor is unknown fails.
-os.environ.update(yaml.safe_load((PROJECT / "docker-compose.override.yml").read_text())["services"]["scheduler"]["environment"])
+OVERRIDE = yaml.safe_load((PROJECT / "docker-compose.override.yml").read_text())
+os.environ.update(OVERRIDE["services"]["scheduler"]["environment"])
 
 from airflow.dag_processing.dagbag import DagBag  # noqa: E402
 
