@@ -21,6 +21,10 @@ log = logging.getLogger(__name__)
 LAUNCHERS = ("local", "celery")
 
 
+VIRTUAL_GPUS = "[quota] virtual_gpus"
+"""Where :func:`discover_devices` says virtual GPUs came from."""
+
+
 def discover_devices(devices: str, virtual_gpus: int) -> tuple[list[str], str]:
     """The GPU indexes to hand out and where they came from.
 
@@ -49,7 +53,7 @@ def discover_devices(devices: str, virtual_gpus: int) -> tuple[list[str], str]:
             log.warning("nvidia-smi failed (%s); using [quota] virtual_gpus", e)
     if virtual_gpus < 0:
         raise ValueError(f"[quota] virtual_gpus: {virtual_gpus} is negative")
-    return [str(i) for i in range(virtual_gpus)], "[quota] virtual_gpus"
+    return [str(i) for i in range(virtual_gpus)], VIRTUAL_GPUS
 
 
 MANAGED_POOL = "(managed by QuotaExecutor)"

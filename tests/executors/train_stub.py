@@ -24,6 +24,7 @@ def record(event: str, **fields) -> None:
         "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "preemptions": os.environ.get("QUOTA_PREEMPTION_COUNT"),
         "host": os.environ.get("QUOTA_HOST"),
+        "threads": os.environ.get("OMP_NUM_THREADS"),
         **fields,
     }
     with open(root / f"cmd-{os.getpid()}.jsonl", "a") as f:

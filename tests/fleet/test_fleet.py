@@ -61,6 +61,8 @@ def test_a_job_lands_on_one_host_with_room_and_fragmentation_is_named(fleet):
     assert len(set(hosts.values())) == 3, hosts  # 4 + 3 + 3 GPUs: one host each, never split
     assert {task: len(_devices(e)) for task, e in admitted.items()} == {"big4": 4, "mid3_x": 3, "mid3_y": 3}
     assert_no_device_held_twice(fleet)
+    # On virtual GPUs a task trains on the CPU: its host gives it one thread, not one per core.
+    assert {r["threads"] for r in fleet.task_records() if r["event"] == "start"} == {"1"}
 
 
 def test_borrow_then_reclaim_resumes_on_another_host_without_a_retry(fleet):
