@@ -181,8 +181,11 @@ def test_quota_page_in_the_airflow_ui_shows_quotas_bars_pending_reasons_and_pree
         assert shown[1:] == [f"{row[k] / 3600:.2f}" for k in ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost")]
 
     usage_shot = tmp_path / "ui-usage-charts.png"
-    assert browser.find_element(By.ID, "usage").screenshot(str(usage_shot))
+    usage = browser.find_element(By.ID, "usage")
+    browser.execute_script("arguments[0].scrollIntoView()", usage)
+    assert usage.screenshot(str(usage_shot))
 
+    browser.execute_script("window.scrollTo(0, 0)")  # the page as it opens: the bars first
     browser.switch_to.default_content()
     shot = tmp_path / "ui-quota-page.png"
     assert browser.save_screenshot(str(shot))
