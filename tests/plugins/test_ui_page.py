@@ -187,6 +187,15 @@ def test_quota_page_in_the_airflow_ui_shows_quotas_bars_pending_reasons_and_pree
 
     browser.execute_script("window.scrollTo(0, 0)")  # the page as it opens: the bars first
     browser.switch_to.default_content()
+    # The page takes Airflow's color mode (the class of the UI's <html>), and follows a switch.
+    background = "return getComputedStyle(document.querySelector('iframe').contentDocument.body).backgroundColor"
+    mode = browser.execute_script("return document.documentElement.classList.contains('dark') ? 'dark' : 'light'")
+    colors = {"light": "rgb(255, 255, 255)", "dark": "rgb(26, 32, 44)"}
+    assert browser.execute_script(background) == colors[mode]
+    other = {"light": "dark", "dark": "light"}[mode]
+    browser.execute_script(f"document.documentElement.classList.replace('{mode}', '{other}')")
+    wait.until(lambda d: d.execute_script(background) == colors[other])
+    browser.execute_script(f"document.documentElement.classList.replace('{other}', '{mode}')")
     shot = tmp_path / "ui-quota-page.png"
     assert browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000

@@ -432,11 +432,31 @@ async function refreshUsage() {
   }
 }
 
+// Airflow's UI marks its color mode as a class of its <html> (light or dark); inside it, the page
+// follows that mode and its changes, instead of the system's.
+function followAirflowTheme() {
+  let root = null;
+  try {
+    if (window.parent !== window) root = window.parent.document.documentElement;
+  } catch {
+    return;  // embedded elsewhere: the system's mode
+  }
+  if (!root) return;
+  const apply = () => {
+    const mode = ["dark", "light"].find((m) => root.classList.contains(m));
+    if (mode) document.documentElement.dataset.theme = mode;
+    else delete document.documentElement.dataset.theme;
+  };
+  apply();
+  new MutationObserver(apply).observe(root, { attributes: true, attributeFilter: ["class"] });
+}
+
 function schedule() {
   clearInterval(timer);
   timer = document.getElementById("auto").checked ? setInterval(refresh, REFRESH_S * 1000) : null;
 }
 
+followAirflowTheme();
 document.getElementById("every").textContent = REFRESH_S;
 document.getElementById("auto").addEventListener("change", schedule);
 document.getElementById("audit-filters").addEventListener("submit", (event) => {
