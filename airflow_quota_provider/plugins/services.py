@@ -269,7 +269,9 @@ def job_facts(jobs: Sequence[QuotaJob], quota_file: QuotaFile | None, *, now: fl
     return JobFacts(
         counts=counts,
         devices=_devices_by_job(session=session),
-        holdings={} if quota_file is None else holdings(quota_file, now=now, session=session),
+        # Only a page with a running or stopping job needs the policy's view of every running job.
+        holdings=holdings(quota_file, now=now, session=session) if quota_file and any(
+            j.state in (JobState.RUNNING.value, JobState.STOPPING.value) for j in jobs) else {},
         waits=waits_since(pending, session=session),
         quotas={} if quota_file is None else {q.name: q for queue in quota_file.queues for q in queue.quotas},
     )
