@@ -23,6 +23,7 @@ from airflow_quota_provider.models.job import (
     list_jobs,
     preemption_count,
     set_priority as set_job_priority,
+    show_priority_on_task_instance,
 )
 from airflow_quota_provider.simulation.forecast import describe_start
 
@@ -200,6 +201,7 @@ def set_priority(args) -> None:
             )
         except (JobNotFound, ValueError) as e:
             raise SystemExit(f"Error: {e}")
+        show_priority_on_task_instance(job, session=session)
         print(f"Priority of job {job.job_id} ({job.ti_label()}) set to {job.priority}")
 
 

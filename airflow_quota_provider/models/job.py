@@ -23,6 +23,7 @@ from sqlalchemy import (
     UniqueConstraint,
     delete,
     select,
+    update,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -468,6 +469,26 @@ def set_priority(
     record_event(EventKind.PRIORITY_CHANGED, job=job, session=session, message=message)
     session.flush()
     return job
+
+
+def show_priority_on_task_instance(job: QuotaJob, *, session: Session) -> None:
+    """Write ``job``'s priority to its task instance's ``priority_weight``, which Airflow's UI and API
+    show: the job's own priority is what the executor orders by, but without this the task instance
+    kept the value of its DAG. The CLI and the REST API call it after :func:`set_priority` (a database
+    with Airflow's tables; the policy's own tests have only the provider's)."""
+    from airflow.models.taskinstance import TaskInstance
+
+    session.execute(
+        update(TaskInstance)
+        .where(
+            TaskInstance.dag_id == job.dag_id,
+            TaskInstance.run_id == job.run_id,
+            TaskInstance.task_id == job.task_id,
+            TaskInstance.map_index == job.map_index,
+        )
+        .values(priority_weight=job.priority)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def allocate_devices(job: QuotaJob, host: str, devices: Sequence[str], *, session: Session) -> None:

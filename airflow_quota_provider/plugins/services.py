@@ -3,7 +3,8 @@
 The routes stay thin: they check access, parse parameters and call one function here. Reads go
 through :mod:`airflow_quota_provider.usage`; the one write (a priority change) goes through
 :func:`airflow_quota_provider.models.job.set_priority`, the same function ``airflow quota set-priority``
-calls, and is then written to the task instance's ``priority_weight`` (:func:`show_priority_on_task_instance`).
+calls, and is then written to the task instance's ``priority_weight``
+(:func:`~airflow_quota_provider.models.job.show_priority_on_task_instance`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
 from airflow_quota_provider.models.job import (
     EventKind,
@@ -28,6 +29,7 @@ from airflow_quota_provider.models.job import (
     device_sort_key,
     policy_job,
     set_priority,
+    show_priority_on_task_instance,
 )
 from airflow_quota_provider.plugins.datamodels import (
     CohortCollectionResponse,
@@ -460,25 +462,6 @@ def change_priority(
         raise Conflict(f"job {job.job_id} is superseded by job {changed.job_id} of the same task instance")
     show_priority_on_task_instance(changed, session=session)
     return _job_response(job, quota_file, job_facts([job], quota_file, now=time.time(), session=session))
-
-
-def show_priority_on_task_instance(job: QuotaJob, *, session: Session) -> None:
-    """Write ``job``'s priority to its task instance's ``priority_weight``, which Airflow's UI and API
-    show: the job's own priority is what the executor orders by, but without this the task instance
-    kept the value of its DAG."""
-    from airflow.models.taskinstance import TaskInstance
-
-    session.execute(
-        update(TaskInstance)
-        .where(
-            TaskInstance.dag_id == job.dag_id,
-            TaskInstance.run_id == job.run_id,
-            TaskInstance.task_id == job.task_id,
-            TaskInstance.map_index == job.map_index,
-        )
-        .values(priority_weight=job.priority)
-        .execution_options(synchronize_session=False)
-    )
 
 
 # ------------------------------------------------------------------------------------------ events

@@ -125,6 +125,10 @@ def test_set_priority_on_a_waiting_task_changes_which_runs_next(airflow):
     admitted = [e["task_id"] for e in airflow.events("admitted", dag_id="set_waiters")]
     assert admitted == ["w2", "w1"]
     assert len(airflow.events("priority_changed", dag_id="set_waiters")) == 1
+    # Airflow's UI and API show the new priority too, not the DAG's.
+    (weight,) = airflow.sql("SELECT priority_weight FROM task_instance WHERE dag_id='set_waiters' AND run_id=? "
+                            "AND task_id='w2'", run)
+    assert weight["priority_weight"] == 100
 
 
 def test_max_preemptions_reached_fails_the_task_naming_the_limit(airflow):
