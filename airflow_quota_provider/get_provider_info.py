@@ -48,6 +48,8 @@ def get_provider_info():
         "task-decorators": [
             {"class-name": "airflow_quota_provider.decorators.quota.quota_task", "name": "quota"}
         ],
+        # The task instance's link to its job on the quota page (also the plugin's: see operators/links.py).
+        "extra-links": ["airflow_quota_provider.operators.links.QuotaJobLink"],
         # --- executor, tables and CLI (QuotaExecutor) ---
         "executors": ["airflow_quota_provider.executors.quota_executor.QuotaExecutor"],
         "db-managers": ["airflow_quota_provider.models.db.QuotaDBManager"],

@@ -39,6 +39,7 @@ from airflow_quota_provider.operators.checkpoints import (
     task_instance_checkpoint_dir,
     task_instance_parts,
 )
+from airflow_quota_provider.operators.links import QuotaJobLink
 from airflow_quota_provider.operators.process_group import CommandProcess
 from airflow_quota_provider.operators.quota_run import QuotaRun
 
@@ -47,7 +48,10 @@ if TYPE_CHECKING:
 
 
 class QuotaTaskMixin:
-    """The quota arguments and the start of a run, shared by QuotaTrainingOperator and ``@task.quota``."""
+    """The quota arguments, the start of a run and the "GPU quota job" link, shared by
+    QuotaTrainingOperator and ``@task.quota``."""
+
+    operator_extra_links = (QuotaJobLink(),)
 
     def _set_quota_args(
         self,

@@ -12,6 +12,7 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
+from airflow_quota_provider.operators.links import QuotaJobLink
 from airflow_quota_provider.plugins import URL_PREFIX
 
 
@@ -28,7 +29,8 @@ class _BuiltWhenRead:
 
 
 class QuotaPlugin(AirflowPlugin):
-    """REST API and UI page of the quota provider (the package's ``airflow.plugins`` entry point, its only registration)."""
+    """REST API, UI page and task instance link of the quota provider (the package's ``airflow.plugins``
+    entry point, its only registration)."""
 
     name = "quota"
     fastapi_apps = _BuiltWhenRead()
@@ -41,3 +43,5 @@ class QuotaPlugin(AirflowPlugin):
             "category": "browse",
         }
     ]
+    # Resolved by the api-server when asked, so that a task waiting for its first run has the link too.
+    operator_extra_links = [QuotaJobLink()]

@@ -31,6 +31,7 @@ from airflow_quota_provider.models.job import (
     set_priority,
     show_priority_on_task_instance,
 )
+from airflow_quota_provider.plugins import base_url
 from airflow_quota_provider.plugins.datamodels import (
     CohortCollectionResponse,
     CohortResponse,
@@ -128,10 +129,7 @@ def _dt(ts: float | None) -> datetime | None:
 
 def ti_url(job: QuotaJob) -> str:
     """The task instance's page in the Airflow UI (absolute when ``[api] base_url`` is set)."""
-    from airflow.configuration import conf
-
-    base = conf.get("api", "base_url", fallback="").rstrip("/")
-    url = f"{base}/dags/{quote(job.dag_id, safe='')}/runs/{quote(job.run_id, safe='')}/tasks/{quote(job.task_id, safe='')}"
+    url = f"{base_url()}/dags/{quote(job.dag_id, safe='')}/runs/{quote(job.run_id, safe='')}/tasks/{quote(job.task_id, safe='')}"
     return f"{url}/mapped/{job.map_index}" if job.map_index >= 0 else url
 
 

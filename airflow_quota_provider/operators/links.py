@@ -1,0 +1,46 @@
+"""The "GPU quota job" link of a quota task instance: the quota page opened on its job.
+
+Airflow 3 resolves an operator's own links from XCom, which the task writes only when a run ends, so
+a task that waits for quota before its first run would have none. The plugin therefore registers the
+link too (``QuotaPlugin.operator_extra_links``): the api-server then calls :meth:`QuotaJobLink.get_link`
+itself whenever the task instance's page asks, built from the task instance key alone, without the
+database. A subclass of the operator in another module is not matched by the plugin and falls back
+to the XCom value, there once a run has ended.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from urllib.parse import quote, urlencode
+
+from airflow.sdk import BaseOperatorLink
+
+from airflow_quota_provider.plugins import URL_PREFIX, base_url
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator
+    from airflow.sdk.types import TaskInstanceKey
+
+
+def quota_page_url(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+    """The quota page opened on the job of this task instance: its state, reason and position while
+    it waits, estimated start, and the audit log of the job (its preemptions)."""
+    query = urlencode({"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": map_index}, quote_via=quote)
+    return f"{base_url()}{URL_PREFIX}/ui/?{query}"
+
+
+class QuotaJobLink(BaseOperatorLink):
+    """Extra link of QuotaTrainingOperator and ``@task.quota`` tasks to their job on the quota page."""
+
+    name = "GPU quota job"
+
+    @property
+    def operators(self) -> list[type[BaseOperator]]:
+        """The operators the plugin attaches the link to (imported here: they import this module)."""
+        from airflow_quota_provider.decorators.quota import _QuotaDecoratedOperator
+        from airflow_quota_provider.operators.training import QuotaTrainingOperator
+
+        return [QuotaTrainingOperator, _QuotaDecoratedOperator]
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        return quota_page_url(ti_key.dag_id, ti_key.run_id, ti_key.task_id, ti_key.map_index)
