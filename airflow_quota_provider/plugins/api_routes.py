@@ -48,6 +48,15 @@ def in_query(**schema: object) -> WithJsonSchema:
     return WithJsonSchema(schema)
 
 
+def id_filter(what: str) -> object:
+    """The type of an optional filter on an Airflow id, at most as long as the job table keeps it."""
+    return Annotated[
+        str | None,
+        Query(max_length=services.ID_MAX_LENGTH, description=f"Only jobs of this {what}."),
+        in_query(type="string", maxLength=services.ID_MAX_LENGTH),
+    ]
+
+
 def _quota_file():
     try:
         return configured_quota_file()
@@ -82,17 +91,27 @@ def get_jobs(
         Query(description=f"Only jobs in these states (repeat or comma-separate): {', '.join(services.JOB_STATES)}."),
         in_query(type="array", items={"type": "string", "pattern": services.STATES_PATTERN}),
     ] = None,
+    dag_id: id_filter("DAG") = None,
+    run_id: id_filter("DAG run") = None,
+    task_id: id_filter("task") = None,
+    map_index: Annotated[
+        int | None,
+        Query(ge=-1, le=services.MAX_MAP_INDEX, description="Only jobs of this map index (-1: a task that is not mapped)."),
+        in_query(type="integer", minimum=-1, maximum=services.MAX_MAP_INDEX),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Jobs to skip.")] = 0,
 ) -> JobCollectionResponse:
     """Jobs, oldest submission first: state, GPUs and devices, priority, preemptions, pending reason
-    and position, times, and a link to the task instance."""
+    and position, times, and a link to the task instance. ``dag_id``, ``run_id``, ``task_id`` and
+    ``map_index`` name a task instance: its jobs, one per try (the quota page's task instance view)."""
     try:
         quota_file = configured_quota_file()
     except QuotaFileUnavailable:
         quota_file = None  # the job rows are still worth showing
     try:
-        return services.jobs(quota_file, quota=quota, states=state, limit=limit, offset=offset, session=session)
+        return services.jobs(quota_file, quota=quota, states=state, limit=limit, offset=offset, session=session,
+                             dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index)
     except services.BadRequest as e:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(e))
 

@@ -88,6 +88,10 @@ RECENT_PREEMPTIONS = 20
 
 MAX_JOB_ID = 2**31 - 1
 """The largest job id: the job table's ``id`` column is a 32-bit integer on PostgreSQL and MySQL."""
+MAX_MAP_INDEX = 2**31 - 1
+"""The largest map index: a 32-bit integer column too."""
+ID_MAX_LENGTH = 250
+"""The longest ``dag_id``, ``run_id`` or ``task_id`` the job table keeps."""
 JOB_ID_PATTERN = r"^[0-9]{1,10}$"
 """A job id as the API takes it: ASCII decimal digits only (``str.isdigit`` also accepts "²" and "١"),
 at most as many as :data:`MAX_JOB_ID` has."""
@@ -420,10 +424,20 @@ def jobs(
     limit: int,
     offset: int,
     session: Session,
+    dag_id: str | None = None,
+    run_id: str | None = None,
+    task_id: str | None = None,
+    map_index: int | None = None,
 ) -> JobCollectionResponse:
+    """A page of jobs of ``quota``, in ``states``, of the task instance ``dag_id`` ... ``map_index``
+    names (each None: any)."""
     query = select(QuotaJob)
     if quota:
         query = query.where(QuotaJob.quota == quota)
+    for column, value in ((QuotaJob.dag_id, dag_id), (QuotaJob.run_id, run_id), (QuotaJob.task_id, task_id),
+                          (QuotaJob.map_index, map_index)):
+        if value is not None:
+            query = query.where(column == value)
     wanted = parse_choices(states, JOB_STATES, "state")
     if wanted:
         query = query.where(QuotaJob.state.in_(wanted))

@@ -118,6 +118,15 @@ def test_jobs_filtered_by_quota_and_state_carry_reason_position_devices_and_link
     assert rows["team_b_preempted_earlier"]["devices"] == []
 
 
+def test_jobs_filtered_on_a_task_instance_are_its_own(server, jobs):
+    query = "dag_id=quota_cases&run_id=seeded&task_id=team_a_pending_blocked&map_index=-1"
+    status, body = server.request("GET", f"/quota/api/jobs?{query}", user="viewer")
+    assert status == 200, body
+    assert [(j["id"], j["pending_reason"]) for j in body["jobs"]] == [(str(jobs["team_a_pending_blocked"]), REASON_BLOCKED)]
+    status, body = server.request("GET", f"/quota/api/jobs?{query.replace('map_index=-1', 'map_index=0')}", user="viewer")
+    assert (status, body["jobs"]) == (200, [])
+
+
 def test_an_unknown_job_state_is_refused_naming_the_allowed_ones(server, jobs):
     status, body = server.request("GET", "/quota/api/jobs?state=waiting", user="viewer")
     assert status == 400
@@ -514,6 +523,9 @@ def test_hostile_usage_queries_are_refused_naming_the_field_without_a_server_err
         pytest.param(f"offset={2**63}", id="offset beyond 64-bit"),
         pytest.param("state=", id="an empty state"),
         pytest.param("state=" + "x" * 5000, id="a state of 5000 characters"),
+        pytest.param("map_index=-2", id="a map index below -1"),
+        pytest.param(f"map_index={2**31}", id="a map index beyond the column"),
+        pytest.param("run_id=" + "r" * 251, id="a run id longer than the column"),
     ],
 )
 def test_job_filters_out_of_range_are_refused_without_a_server_error(server, jobs, query):

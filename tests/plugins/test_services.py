@@ -137,6 +137,29 @@ def test_a_job_back_in_line_waits_since_it_went_back_not_since_its_first_submiss
     assert 9 <= waiting["team_a_pending_behind"] <= 15 and 94 <= waiting["team_a_pending_blocked"] <= 100
 
 
+def test_jobs_filtered_on_a_task_instance_are_its_tries_only(tmp_path):
+    odd_run = "manual__2026-12-06T21:00:00+00:00/a b&c"
+    with _session(tmp_path) as session:
+        ids = seed_into([*BASELINE, {"case": "ti_filter_mapped", "quota": "team-lab"},
+                         {"case": "ti_filter_other_run", "quota": "team-lab"}], session=session)
+        session.get(QuotaJob, ids["ti_filter_mapped"]).map_index = 2
+        other_run = session.get(QuotaJob, ids["ti_filter_other_run"])
+        other_run.run_id, other_run.task_id = odd_run, "ti_filter_mapped"
+        session.flush()
+
+        def found(**task_instance) -> list[int]:
+            page = services.jobs(None, quota=None, states=None, limit=100, offset=0, session=session, **task_instance)
+            return [int(j.id) for j in page.jobs]
+
+        mapped = {"dag_id": "quota_cases", "task_id": "ti_filter_mapped"}
+        assert found(**mapped, run_id="seeded", map_index=2) == [ids["ti_filter_mapped"]]
+        assert found(**mapped, run_id="seeded", map_index=-1) == []
+        assert found(**mapped, run_id=odd_run, map_index=-1) == [ids["ti_filter_other_run"]]
+        assert found(**mapped) == [ids["ti_filter_mapped"], ids["ti_filter_other_run"]]
+        assert found(dag_id="quota_cases", run_id="seeded", task_id="team_a_running", map_index=-1) == [
+            ids["team_a_running"]]
+
+
 # ------------------------------------------------------------------------------------ priority changes
 
 
