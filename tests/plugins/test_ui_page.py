@@ -10,6 +10,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from selenium import webdriver
@@ -19,6 +20,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from airflow_quota_provider.operators.links import quota_page_url
+from tests.plugins.seed import DAG_ID, RUN_ID
 from tests.quota_api_support import PASSWORDS, REASON_BLOCKED
 
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "ui-quota-page.png"
@@ -296,3 +299,32 @@ def test_charts_follow_the_quota_files_order_have_ticks_and_an_error_stays_until
     # ... until usage loads again.
     browser.execute_script("window.fetch = window.realFetch; refreshUsage();")
     wait.until(lambda d: not error.is_displayed())
+
+
+def test_the_task_instance_link_opens_the_page_on_its_job_its_reason_and_its_preemptions(server, browser):
+    server.baseline()
+    reason = "quota team-a full: 4/4 GPUs in use or lent"
+    seeded = server.seed(
+        {"case": "ti_link_preemptor", "quota": "team-a", "state": "finished"},
+        {"case": "ti_link_waiting", "quota": "team-a", "priority": 5, "position": 4, "reason": reason,
+         "starts_in_s": 1800, "preemptions": 1, "preempted_by": "ti_link_preemptor", "preempt_reason": "within_quota"},
+    )
+    job, preemptor = seeded["ti_link_waiting"], seeded["ti_link_preemptor"]
+    _log_in(browser, server, "viewer")
+    # The link's own URL, on the test's api-server.
+    browser.get(f"{server.base}/quota/ui/?{urlsplit(quota_page_url(DAG_ID, RUN_ID, 'ti_link_waiting', -1)).query}")
+    wait = WebDriverWait(browser, 60)
+    facts = wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, f"#ti-job[data-job='{job}']")))
+    text = facts.text
+    assert f"Why it waits {reason}" in text and "Position 4" in text and "State pending" in text, text
+    assert re.search(r"Start expected to start in about (2\d|30) min", text), text
+    assert "Preemptions 1 of" in text, text
+    assert browser.find_element(By.ID, "ti-name").text == f"{DAG_ID}.ti_link_waiting ({RUN_ID}) · job {job}"
+
+    # The audit log is filtered to the job: its preemption, nobody else's events.
+    form = browser.find_element(By.ID, "audit-filters")
+    assert form.find_element(By.NAME, "job_id").get_attribute("value") == str(job)
+    audit = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#events tr[data-kind='preempted']")))
+    assert f"job {job} stopped for job {preemptor}" in audit.text and "within_quota" in audit.text
+    assert {e.get_attribute("data-kind") for e in browser.find_elements(By.CSS_SELECTOR, "#events tr[data-kind]")} == {
+        "preempted"}

@@ -237,6 +237,48 @@ function drawRunning(jobs) {
   }
 }
 
+// Opened from a task instance's "GPU quota job" link (?dag_id=&run_id=&task_id=&map_index=): its
+// job first, with why and where it waits, and the audit log filtered to that job once (then the
+// filters are the user's again).
+const opened = new URLSearchParams(location.search);
+const taskInstance = ["dag_id", "run_id", "task_id"].every((f) => opened.get(f))
+  ? { dag_id: opened.get("dag_id"), run_id: opened.get("run_id"), task_id: opened.get("task_id"), map_index: opened.get("map_index") ?? "-1" }
+  : null;
+let auditOnJob = false;
+
+function jobFacts(job) {
+  const facts = [["State", job.state], ["Quota", `${job.quota} (job queue ${job.queue ?? "unknown"})`], ["GPUs", gpus(job)],
+                 ["Priority", job.priority], ["Preemptions", `${job.preemptions} of ${job.preemption_limit ?? "∞"}`]];
+  if (job.state === "pending") {
+    facts.push(["Position", job.pending_position ?? "–"], ["Why it waits", job.pending_reason ?? "waiting for the next scheduling cycle"],
+               ["Start", job.expected_start], ["Waiting since", when(job.waiting_since)]);
+  } else {
+    facts.push(["Host: devices", `${job.host ?? "–"}: ${job.devices.join(",") || "–"}`],
+               ["Started", job.started_at ? when(job.started_at) : "–"], ["Finished", job.finished_at ? when(job.finished_at) : "–"]);
+  }
+  if (job.message) facts.push(["Message", job.message]);
+  return facts;
+}
+
+async function refreshTaskInstance() {
+  if (!taskInstance) return;
+  const { dag_id, run_id, task_id, map_index } = taskInstance;
+  const data = await getJson(`../api/jobs?${new URLSearchParams({ ...taskInstance, limit: 1000 })}`, "task instance");
+  const job = data.jobs[data.jobs.length - 1];  // oldest submission first: the latest try last
+  const name = `${dag_id}.${task_id}${Number(map_index) >= 0 ? `[${map_index}]` : ""} (${run_id})`;
+  document.getElementById("ti-name").replaceChildren(job ? link(name, job.ti_url) : name, job ? ` · job ${job.id}` : "");
+  const body = document.querySelector("#ti-job tbody");
+  body.replaceChildren(...(job
+    ? jobFacts(job).map(([what, value]) => el("tr", {}, el("th", {}, what), el("td", {}, value)))
+    : [el("tr", {}, el("td", { class: "none" }, "no quota job for this task instance: it has not been queued on the quota executor"))]));
+  body.closest("table").dataset.job = job?.id ?? "";
+  document.getElementById("task-instance").hidden = false;
+  if (job && !auditOnJob) {
+    document.querySelector("#audit-filters [name=job_id]").value = job.id;
+    auditOnJob = true;
+  }
+}
+
 // The audit log: the kinds, quota and job the filters name; the latest AUDIT_ROWS events.
 const AUDIT_ROWS = 100;
 
@@ -307,6 +349,7 @@ async function refresh() {
     drawRunning(running.jobs);
     drawPreemptions(data);
     fillQuotaFilter(data);
+    await refreshTaskInstance();
     await refreshAudit();
     document.getElementById("updated").textContent = `updated ${new Date(data.generated_at).toLocaleTimeString()}`;
     report("quotas", null);
