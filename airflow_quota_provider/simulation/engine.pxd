@@ -18,4 +18,4 @@ cdef class _QueueRun:
 
 cdef class Simulator:
     cdef public object cohort_usage, decide_fn, decisions, env, holds, jobs, on_progress, placed
-    cdef public object progress_every, queues, quota_file, setup, start, timeline, usage
+    cdef public object progress_every, queues, quota_file, setup, start, timeline, usage, _arrivals

@@ -326,8 +326,11 @@ class Simulator:
             rng = random.Random(runtime_seed)
             for job in self.jobs.values():
                 job.estimate_factor = math.exp(rng.gauss(0.0, runtime_noise)) if runtime_noise > 0 else 1.0
-        for job in self.jobs.values():
-            self.env.schedule(job.trace.submit_time_s, ARRIVE, self._arrive, job)
+        # One arrival on the heap at a time, the next scheduled as it arrives: the heap stays the size
+        # of what runs (a few thousand events), not the whole trace. Arrivals at the same second keep
+        # their order (a stable sort), and none ever shares a time and priority with another event.
+        self._arrivals = iter(sorted(self.jobs.values(), key=lambda job: job.trace.submit_time_s))
+        self._next_arrival()
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -341,7 +344,13 @@ class Simulator:
         if self.timeline is not None:
             self.timeline.append((self.env.now, usage.index, d_used, d_waiting))
 
+    def _next_arrival(self) -> None:
+        job = next(self._arrivals, None)
+        if job is not None:
+            self.env.schedule(job.trace.submit_time_s, ARRIVE, self._arrive, job)
+
     def _arrive(self, job: SimJob) -> None:
+        self._next_arrival()
         now = self.env.now
         usage = self.usage[job.quota]
         run = job.queue
