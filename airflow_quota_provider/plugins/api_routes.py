@@ -40,6 +40,8 @@ CanEdit = [Depends(requires_access_pool("PUT"))]
 MAX_OFFSET = services.MAX_JOB_ID
 """Rows a page may skip: more than any table holds, and within what every database takes for OFFSET."""
 JOB_ID_DOC = "Job id (the `id` of GET /jobs): ASCII decimal digits."
+NO_NUL = "^[^\\x00]*$"
+"""A text filter's pattern: PostgreSQL refuses a NUL in a string (psycopg2 raises before the query)."""
 
 
 def in_query(**schema: object) -> WithJsonSchema:
@@ -52,8 +54,8 @@ def id_filter(what: str) -> object:
     """The type of an optional filter on an Airflow id, at most as long as the job table keeps it."""
     return Annotated[
         str | None,
-        Query(max_length=services.ID_MAX_LENGTH, description=f"Only jobs of this {what}."),
-        in_query(type="string", maxLength=services.ID_MAX_LENGTH),
+        Query(max_length=services.ID_MAX_LENGTH, pattern=NO_NUL, description=f"Only jobs of this {what}."),
+        in_query(type="string", maxLength=services.ID_MAX_LENGTH, pattern=NO_NUL),
     ]
 
 
@@ -85,7 +87,9 @@ def get_cohorts(session: SessionDep) -> CohortCollectionResponse:
 @api_router.get("/jobs", dependencies=CanRead, responses=create_openapi_http_exception_doc([400]))
 def get_jobs(
     session: SessionDep,
-    quota: Annotated[str | None, Query(description="Only jobs of this quota."), in_query(type="string")] = None,
+    quota: Annotated[
+        str | None, Query(pattern=NO_NUL, description="Only jobs of this quota."), in_query(type="string", pattern=NO_NUL)
+    ] = None,
     state: Annotated[
         list[str] | None,
         Query(description=f"Only jobs in these states (repeat or comma-separate): {', '.join(services.JOB_STATES)}."),
@@ -149,7 +153,9 @@ def patch_job(
 @api_router.get("/events", dependencies=CanRead, responses=create_openapi_http_exception_doc([400]))
 def get_events(
     session: SessionDep,
-    quota: Annotated[str | None, Query(description="Only events of this quota."), in_query(type="string")] = None,
+    quota: Annotated[
+        str | None, Query(pattern=NO_NUL, description="Only events of this quota."), in_query(type="string", pattern=NO_NUL)
+    ] = None,
     kind: Annotated[
         list[str] | None,
         Query(description=f"Only events of these kinds (repeat or comma-separate): {', '.join(services.EVENT_KINDS)}."),

@@ -526,6 +526,8 @@ def test_hostile_usage_queries_are_refused_naming_the_field_without_a_server_err
         pytest.param("map_index=-2", id="a map index below -1"),
         pytest.param(f"map_index={2**31}", id="a map index beyond the column"),
         pytest.param("run_id=" + "r" * 251, id="a run id longer than the column"),
+        pytest.param("run_id=a%00b", id="a NUL in a run id (PostgreSQL refuses it)"),
+        pytest.param("quota=team-a%00", id="a NUL in a quota"),
     ],
 )
 def test_job_filters_out_of_range_are_refused_without_a_server_error(server, jobs, query):
