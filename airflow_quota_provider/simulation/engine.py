@@ -52,6 +52,11 @@ from airflow_quota_provider.simulation.workload import InputError, TraceJob
 
 # Event priorities at equal time: capacity is freed before new work arrives; the policy runs last.
 FINISH, STOP, ARRIVE, DECIDE = 0, 1, 2, 3
+PREEMPTING_DECISIONS_PER_JOB_AT_AN_INSTANT = 10
+"""A queue's decisions that preempt at one instant, beyond this many per job it holds (plus 100),
+mean the policy goes round in circles (with a grace period of 0 a victim stops, and waits again, at
+the instant it was preempted; arrivals and ends at one instant are progress, preemptions need not be):
+the replay stops with an error instead of running for ever."""
 
 
 def checkpoint_times(start: float, now: float, interval: float) -> tuple[float, float]:
@@ -205,7 +210,7 @@ class _Usage:
 
 class _QueueRun:
     __slots__ = ("queue", "hosts", "host_gpus", "host_used", "largest_host", "running", "pending", "used",
-                 "decide_at", "checkpoints", "timed", "wake_at")
+                 "decide_at", "checkpoints", "timed", "wake_at", "instant", "at_instant")
 
     def __init__(self, queue: Queue, hosts: tuple[Host, ...] | None) -> None:
         self.queue = queue  # as the policy sees it (after the policy's rewrite of the quota file)
@@ -221,6 +226,9 @@ class _QueueRun:
         """Each running job's next checkpoint: (time, attempt, id, job); the id orders ties, never the job."""
         self.timed = any(q.min_runtime_s > 0 or q.preemption_delay_s > 0 for q in queue.quotas)
         self.wake_at: float | None = None
+        self.instant = -math.inf
+        """When the queue's last decision that preempted was made, and how many it made then."""
+        self.at_instant = 0
 
 
 @dataclass
@@ -436,6 +444,16 @@ class Simulator:
         state = State.for_queue(run.queue, run.running, run.pending, run.hosts)
         decision = self.decide_fn(state, now)
         self.decisions += 1
+        if decision.preempt:
+            if now != run.instant:
+                run.instant, run.at_instant = now, 0
+            run.at_instant += 1
+            if run.at_instant > PREEMPTING_DECISIONS_PER_JOB_AT_AN_INSTANT * (len(state.running) + len(state.pending)) + 100:
+                raise CheckError(
+                    f"{self.setup.name}: queue {run.queue.name} made {run.at_instant} decisions that preempt at "
+                    f"t={now:g} s without time moving on, the last one preempting {[p.id for p in decision.preempt]} "
+                    f"and admitting {list(decision.admit)}: the policy goes round in circles"
+                )
         if self.on_progress is not None and self.decisions % self.progress_every == 0:
             self.on_progress(now)
         for rejection in decision.reject:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from airflow_quota_provider.policy import Job
-from airflow_quota_provider.simulation.engine import Simulator, _changed, checkpoint_times
+import pytest
+
+from airflow_quota_provider.policy import Job, Preemption, PreemptionReason, decide as policy_decide
+from airflow_quota_provider.simulation.engine import CheckError, Simulator, _changed, checkpoint_times
 from airflow_quota_provider.simulation.policies import policy_setup
 from airflow_quota_provider.simulation.workload import kueue_baseline
 from tests.simulation.builders import job, quota_file, two_quotas
@@ -58,3 +60,22 @@ def test_a_replay_with_a_sub_second_checkpoint_interval_ends():
     result = Simulator(config, policy_setup(config, "quota"), jobs, checkpoint_interval_s=0.3, runtime_noise=0.5).run()
     assert all(j.status == "completed" for j in result.jobs)
     assert sum(j.preemptions for j in result.jobs) > 0
+
+
+def test_a_policy_that_goes_round_in_circles_at_one_instant_stops_the_replay_naming_it():
+    """With a grace period of 0 a victim stops, and waits again, at the instant it was preempted: a
+    policy that each time also preempts another running job would replay that instant for ever."""
+    config = quota_file(two_quotas(capacity=8, each=4, grace=0.0))
+    jobs = [job(f"a{i}", "a", 0, 100, 4) for i in range(3)] + [job("a3", "a", 1, 100, 4)]
+
+    def restless(state, now):
+        decision = policy_decide(state, now, explain=False)
+        running = [j for j in state.running if j.preempted_for is None]
+        if running and state.pending:
+            victim, waiting = running[0], next(iter(state.pending))
+            decision.preempt.append(Preemption(victim.id, waiting.id, PreemptionReason.WITHIN_QUOTA, victim.quota))
+        return decision
+
+    with pytest.raises(CheckError, match=r"queue pool made \d+ decisions that preempt at t=1 s without time moving on.*round in circles"):
+        Simulator(config, policy_setup(config, "quota"), jobs, decide=restless, runtime_noise=0.0).run()
+
