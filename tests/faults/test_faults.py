@@ -143,9 +143,16 @@ def _finished(fleet: Fleet) -> int:
     return fleet.sql("SELECT count(*) AS n FROM quota_job WHERE state = 'finished'")[0]["n"]
 
 
-def _owned(fleet: Fleet, job_id: int) -> int:
-    return fleet.sql("SELECT count(*) AS n FROM task_instance WHERE queued_by_job_id = ? AND state IN ('queued', 'running')",
-                     job_id)[0]["n"]
+def _scheduler_ids(fleet: Fleet) -> list[int]:
+    """The running schedulers' job ids, oldest first."""
+    return [r["id"] for r in fleet.sql("SELECT id FROM job WHERE job_type = 'SchedulerJob' AND state = 'running' ORDER BY id")]
+
+
+def _anchor_owner(fleet: Fleet) -> int | None:
+    """The scheduler (job id) that queued a long task now running, if one is."""
+    rows = fleet.sql("SELECT queued_by_job_id FROM task_instance WHERE dag_id = 'ha_anchor' AND state = 'running' "
+                     "AND queued_by_job_id IS NOT NULL")
+    return rows[0]["queued_by_job_id"] if rows else None
 
 
 def _unsettled(fleet: Fleet) -> str:
@@ -178,16 +185,18 @@ def test_two_schedulers_through_every_fault_admit_nothing_twice_and_lose_nothing
                  timeout=600, interval=2, on_timeout=lambda: fleet.tail("scheduler") + fleet.tail("scheduler-2"))
 
     at(0.15)
-    # The first scheduler started first, so its job id is the lower one; it must hold task
-    # instances to hand over, or there is nothing to adopt.
-    first = fleet.sql("SELECT min(id) AS id FROM job WHERE job_type = 'SchedulerJob' AND state = 'running'")[0]["id"]
-    assert _owned(fleet, first), "the scheduler to kill holds no queued or running task instance"
-    kill_scheduler(fleet, "scheduler")
+    # Kill a scheduler while it holds a long task: its short ones may all end (run on by the other
+    # scheduler) before it is declared dead, and then there is nothing to adopt.
+    anchor = fleet.trigger("ha_anchor")
+    owner = wait_for(lambda: _anchor_owner(fleet), "a long task to run", timeout=300,
+                     on_timeout=lambda: fleet.tail("scheduler"))
+    name = "scheduler" if owner == _scheduler_ids(fleet)[0] else "scheduler-2"  # "scheduler" started first
+    kill_scheduler(fleet, name)
     # Airflow adopts the dead scheduler's task instances once it has been silent for
     # scheduler_health_check_threshold (40 s here); then a fresh scheduler takes its place.
     wait_for(lambda: fleet.events("adopted"), "the survivor to adopt the dead scheduler's tasks", timeout=240,
-             interval=2, on_timeout=lambda: fleet.tail("scheduler-2"))
-    fleet.start_process("scheduler", "scheduler")
+             interval=2, on_timeout=lambda: fleet.tail("scheduler" if name == "scheduler-2" else "scheduler-2"))
+    fleet.start_process(name, "scheduler")
     at(0.35)
     # Airflow's scheduler and dag-processor exit when the database stays away longer than their
     # retries, as a restart can on a busy machine; the fleet's supervisor starts them again.
@@ -200,6 +209,7 @@ def test_two_schedulers_through_every_fault_admit_nothing_twice_and_lose_nothing
 
     assert fleet.wait_run("ha_low", low, timeout=900) == "success", fleet.tail("scheduler")
     assert fleet.wait_run("ha_high", high, timeout=600) == "success", fleet.tail("scheduler")
+    assert fleet.wait_run("ha_anchor", anchor, timeout=600) == "success", fleet.tail("scheduler")
 
     tis = fleet.sql("SELECT task_id, state, try_number FROM task_instance WHERE dag_id IN ('ha_low', 'ha_high')")
     assert len(tis) == TASKS

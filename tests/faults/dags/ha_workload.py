@@ -22,9 +22,10 @@ def _sleep(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def gpu_task(task_id: str, quota: str, *, gpus: int, priority: int, seconds: float):
+def gpu_task(task_id: str, quota: str, *, gpus: int, priority: int, seconds: float, preemptible: bool = True):
     return task(
-        task_id=task_id, pool=quota, pool_slots=gpus, priority_weight=priority, weight_rule="absolute", retries=0
+        task_id=task_id, pool=quota, pool_slots=gpus, priority_weight=priority, weight_rule="absolute", retries=0,
+        executor_config={"quota": {"preemptible": preemptible}},
     )(_sleep)(seconds)
 
 
@@ -35,6 +36,12 @@ with DAG("ha_low", schedule=None, start_date=START, catchup=False, max_active_ta
 with DAG("ha_high", schedule=None, start_date=START, catchup=False, max_active_tasks=TASKS):
     for i in range(HIGH):
         gpu_task(f"high_{i:03d}", QUOTAS[(i * 3) % 4], gpus=1 + (i % 2), priority=100 + i % 7, seconds=2)
+
+# One long task per quota that nothing preempts: still running when a scheduler killed while it holds
+# one is declared dead (after scheduler_health_check_threshold), so that there is something to adopt.
+with DAG("ha_anchor", schedule=None, start_date=START, catchup=False):
+    for i, quota in enumerate(QUOTAS):
+        gpu_task(f"anchor_{i}", quota, gpus=1, priority=1000, seconds=90, preemptible=False)
 
 # A scheduler whose clock runs 30 s ahead admits these (q0 fills the fleet, borrowing 9 GPUs); the
 # other scheduler must reclaim a host from one of them at once for q1's ``urgent``.
