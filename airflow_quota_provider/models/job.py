@@ -376,13 +376,6 @@ def list_jobs(*, states: Iterable[str] | None = None, session: Session) -> Seque
     ).all()
 
 
-def list_events(*, since_id: int = 0, limit: int | None = None, session: Session) -> Sequence[QuotaEvent]:
-    query = select(QuotaEvent).where(QuotaEvent.id > since_id).order_by(QuotaEvent.id)
-    if limit:
-        query = query.limit(limit)
-    return session.scalars(query).all()
-
-
 def devices_of(job_id: int, *, session: Session) -> list[str]:
     rows = session.scalars(
         select(QuotaDeviceAllocation.device).where(QuotaDeviceAllocation.job_id == job_id)
