@@ -126,7 +126,7 @@ def worker(args) -> None:
     from airflow.configuration import conf
     from airflow.utils.session import create_session
     from airflow_quota_provider.executors import celery_worker
-    from airflow_quota_provider.executors.config import VIRTUAL_GPUS, discover_devices
+    from airflow_quota_provider.executors.config import VIRTUAL_GPUS, discover_devices, state_dir
     from airflow_quota_provider.models.host import register_host
 
     name = _host_name(socket.gethostname() if args.hostname is None else args.hostname)
@@ -142,9 +142,7 @@ def worker(args) -> None:
         # A task on a virtual GPU trains on the CPU: one thread each (the tasks inherit it), unless the
         # host says otherwise; PyTorch's thread per core times the host's tasks overloads it many times over.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-    home = conf.get("core", "airflow_home", fallback=os.environ.get("AIRFLOW_HOME", "."))
-    state_dir = conf.get("quota", "state_dir", fallback="") or os.path.join(home, "quota")
-    os.environ[celery_worker.STATE_DIR_ENV] = os.path.join(state_dir, f"host-{name}")
+    os.environ[celery_worker.STATE_DIR_ENV] = os.path.join(state_dir(), f"host-{name}")
     try:
         ended = celery_worker.jobs().end_leftovers()
     except TimeoutError as e:  # exit 2, not 1: the host cannot prove that none of its launches runs

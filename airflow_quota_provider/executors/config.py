@@ -21,6 +21,16 @@ log = logging.getLogger(__name__)
 LAUNCHERS = ("local", "celery")
 
 
+def state_dir() -> str:
+    """``[quota] state_dir``, else ``quota`` under Airflow's home: where the scheduler's launcher and
+    each GPU host's worker keep their job directories."""
+    from airflow.configuration import conf
+
+    return conf.get("quota", "state_dir", fallback="") or os.path.join(
+        conf.get("core", "airflow_home", fallback=os.environ.get("AIRFLOW_HOME", ".")), "quota"
+    )
+
+
 VIRTUAL_GPUS = "[quota] virtual_gpus"
 """Where :func:`discover_devices` says virtual GPUs came from."""
 

@@ -31,7 +31,6 @@ Preemption (no Airflow retry is consumed, the task keeps its try_number):
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
@@ -48,7 +47,7 @@ from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
 from airflow.utils.session import create_session
 from airflow_quota_provider.executors.act import Actor
-from airflow_quota_provider.executors.config import LAUNCHERS, MANAGED_POOL, QuotaConfig, discover_devices
+from airflow_quota_provider.executors.config import LAUNCHERS, MANAGED_POOL, QuotaConfig, discover_devices, state_dir
 from airflow_quota_provider.executors.cycle import Cycle
 from airflow_quota_provider.executors.estimates import StartEstimates
 from airflow_quota_provider.executors.reconcile import Reconciler
@@ -126,9 +125,6 @@ class QuotaExecutor(BaseExecutor):
 
     def start(self) -> None:
         """Set up the launcher and the quota pools (the config was checked in ``__init__``)."""
-        state_dir = conf.get("quota", "state_dir", fallback="") or os.path.join(
-            conf.get("core", "airflow_home", fallback=os.environ.get("AIRFLOW_HOME", ".")), "quota"
-        )
         if self.launcher_kind == "celery":
             from airflow_quota_provider.executors.celery_launcher import CeleryLauncher
 
@@ -136,7 +132,7 @@ class QuotaExecutor(BaseExecutor):
         else:
             from airflow_quota_provider.executors.local_launcher import LocalLauncher
 
-            self.launcher = LocalLauncher(Path(state_dir), self.config.devices)
+            self.launcher = LocalLauncher(Path(state_dir()), self.config.devices)
         self._start_parts(self.launcher)
         devices = self.config.devices
         self.log.info(
