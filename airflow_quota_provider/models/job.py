@@ -79,6 +79,10 @@ class Report(str, Enum):
     executor only stops counting it as running."""
 
 
+UNDECIDED = "waiting for the next scheduling cycle"
+"""The pending reason of a job no scheduling cycle has decided on yet."""
+
+
 class EventKind(str, Enum):
     """Kinds of audit event in ``quota_event``."""
 

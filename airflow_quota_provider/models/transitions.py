@@ -15,6 +15,7 @@ from airflow_quota_provider.models.job import (
     EventKind,
     JobState,
     Report,
+    UNDECIDED,
     allocate_devices,
     count_preemption,
     record_event,
@@ -90,7 +91,7 @@ def submit(
     job.max_preemptions, job.grace_period_s, job.expected_runtime_s = max_preemptions, grace_period_s, expected_runtime_s
     job.workload = workload
     job.report = None  # queued again: Airflow has moved past the try that ended
-    job.pending_reason = job.pending_reason or "waiting for the next scheduling cycle"
+    job.pending_reason = job.pending_reason or UNDECIDED
     session.flush()
     record_event(EventKind.SUBMITTED, job=job, session=session, message=f"priority {job.priority}")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 
+from airflow_quota_provider.models.job import UNDECIDED
 from tests.fleet.conftest import GPUS_PER_HOST, HOST_LOST_AFTER_S
 from tests.integration_support import wait_for
 
@@ -45,13 +46,18 @@ def _jobs(fleet, dag_id: str) -> dict[str, dict]:
     return {r["task_id"]: r for r in fleet.sql("SELECT * FROM quota_job WHERE dag_id=? ORDER BY id", dag_id)}
 
 
+def _decided_reason(fleet, dag_id: str, task_id: str) -> str | None:
+    """The job's pending reason once a scheduling cycle has decided on it (until then it says it waits for one)."""
+    reason = (_jobs(fleet, dag_id).get(task_id) or {}).get("pending_reason")
+    return None if reason == UNDECIDED else reason
+
+
 def test_a_job_lands_on_one_host_with_room_and_fragmentation_is_named(fleet):
     fill = fleet.trigger("frag_fill")
     wait_for(lambda: _running(fleet, "big4", "mid3_x", "mid3_y"), "4+3+3 GPUs running", timeout=240,
              on_timeout=lambda: fleet.tail("scheduler"))
     small = fleet.trigger("frag_small")
-    job = wait_for(lambda: (_jobs(fleet, "frag_small").get("small2") or {}).get("pending_reason"),
-                   "small2's pending reason", timeout=120)
+    job = wait_for(lambda: _decided_reason(fleet, "frag_small", "small2"), "small2's pending reason", timeout=120)
     assert "fragment" in job, job
     assert "full" not in job.split(";")[0], job
     assert fleet.wait_run("frag_fill", fill) == "success"
