@@ -26,6 +26,24 @@ host) and the task runtime (operator, ``@task.quota``) all read it.
    - ``QUOTA_RESUME_FROM`` (operator, decorator): the checkpoint this run resumes from, or empty.
 
    The operator also passes ``QUOTA_PREEMPTION_COUNT`` on to its command.
+
+   A multi-host job (a *gang*: ``nodes`` > 1) runs one member per node, and the executor's
+   launcher sets these for every node (:class:`GangEnvironment`); a single-host job gets none of
+   them, so nothing changes for it:
+
+   - ``QUOTA_NNODES``: the gang's node count (torchrun's ``--nnodes``).
+   - ``QUOTA_NODE_RANK``: this node's rank, 0 to ``QUOTA_NNODES`` - 1; node 0 is the one that runs
+     under Airflow's task supervisor (torchrun's ``--node-rank``).
+   - ``QUOTA_NPROC_PER_NODE``: processes to start on each node, the task's ``gpus`` (torchrun's
+     ``--nproc-per-node``).
+   - ``MASTER_ADDR``: node 0's host address; ``MASTER_PORT``: a free port chosen on node 0's host
+     (static rendezvous: torchrun's ``--master-addr``/``--master-port``).
+   - ``WORLD_SIZE``: ``QUOTA_NNODES`` x ``QUOTA_NPROC_PER_NODE``, the training processes torchrun
+     starts in all.
+   - ``QUOTA_RDZV_ID``: the job id; ``QUOTA_RDZV_ENDPOINT``: ``MASTER_ADDR:MASTER_PORT`` (``c10d``
+     rendezvous: torchrun's ``--rdzv-id``/``--rdzv-endpoint``).
+
+   The operator passes them on to its command unchanged (its ``env`` cannot override them).
 3. **The preemption notice** (:class:`PreemptionNotice`): a JSON file
    ``{"reason", "preemptor", "deadline"}`` (``deadline`` in seconds since the epoch), plus
    ``"fail": true`` and a ``"message"`` past the task's preemption limit, written atomically to
@@ -61,6 +79,29 @@ ENV_GRACE_PERIOD_S = "QUOTA_GRACE_PERIOD_S"
 ENV_PREEMPT_FILE = "QUOTA_PREEMPT_FILE"
 ENV_CHECKPOINT_DIR = "QUOTA_CHECKPOINT_DIR"
 ENV_RESUME_FROM = "QUOTA_RESUME_FROM"
+# A gang's variables (GangEnvironment)
+ENV_NNODES = "QUOTA_NNODES"
+ENV_NODE_RANK = "QUOTA_NODE_RANK"
+ENV_NPROC_PER_NODE = "QUOTA_NPROC_PER_NODE"
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_RDZV_ID = "QUOTA_RDZV_ID"
+ENV_RDZV_ENDPOINT = "QUOTA_RDZV_ENDPOINT"
+#: Every variable a gang's node gets (:meth:`GangEnvironment.to_env`).
+GANG_VARIABLES = (
+    ENV_NNODES,
+    ENV_NODE_RANK,
+    ENV_NPROC_PER_NODE,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_WORLD_SIZE,
+    ENV_RDZV_ID,
+    ENV_RDZV_ENDPOINT,
+)
+
+#: The most hosts one job may span.
+MAX_NODES = 1024
 
 #: The notice's file name in a launch's job directory (``<state_dir>/jobs/<job id>/``).
 PREEMPT_FILE = "preempt.json"
@@ -80,7 +121,10 @@ class QuotaTaskConfig:
     """``executor_config["quota"]``: what a task asks of the executor beyond its pool, pool slots and
     priority weight. The operators write ``preemptible``, ``max_preemptions``, ``grace_period_s``
     and, when given, ``expected_runtime_s``; ``quota``, ``gpus`` and ``priority`` may be written by
-    hand and then win over the pool, pool slots and priority weight."""
+    hand and then win over the pool, pool slots and priority weight.
+
+    A multi-host job also carries ``nodes`` (> 1) and ``gpus``, written by the operators: then
+    ``gpus`` is per host and the job counts ``gpus`` x ``nodes`` (its pool slots) against its quota."""
 
     preemptible: bool = True
     max_preemptions: int | None = None
@@ -91,6 +135,9 @@ class QuotaTaskConfig:
     """None: estimated from the task's history."""
     quota: str | None = None
     gpus: int | None = None
+    """Per host when ``nodes`` is set."""
+    nodes: int | None = None
+    """Hosts the job spans; None: 1."""
     priority: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,7 +148,7 @@ class QuotaTaskConfig:
             "max_preemptions": self.max_preemptions,
             "grace_period_s": self.grace_period_s,
         }
-        for name in ("expected_runtime_s", "quota", "gpus", "priority"):
+        for name in ("expected_runtime_s", "quota", "gpus", "nodes", "priority"):
             if (value := getattr(self, name)) is not None:
                 data[name] = value
         return data
@@ -110,8 +157,8 @@ class QuotaTaskConfig:
     def from_executor_config(cls, executor_config: Any) -> QuotaTaskConfig:
         """Read a task's ``executor_config``. Tolerant as the executor has always been: anything but
         a dict under the key counts as no settings, an empty quota as none, an expected runtime that
-        is not a positive number as unknown. ``gpus``, ``priority``, ``max_preemptions`` and
-        ``grace_period_s`` are converted with ``int``/``float`` (``"2"`` is 2), so junk there raises."""
+        is not a positive number as unknown. ``gpus``, ``nodes``, ``priority``, ``max_preemptions``
+        and ``grace_period_s`` are converted with ``int``/``float`` (``"2"`` is 2), so junk there raises."""
         extras = executor_config.get(EXECUTOR_CONFIG_KEY) if isinstance(executor_config, Mapping) else None
         if not isinstance(extras, Mapping):
             extras = {}
@@ -122,6 +169,7 @@ class QuotaTaskConfig:
             expected_runtime_s=positive_number(extras.get("expected_runtime_s")),
             quota=str(extras["quota"]) if extras.get("quota") else None,
             gpus=_optional(int, extras.get("gpus")),
+            nodes=_optional(int, extras.get("nodes")),
             priority=_optional(int, extras.get("priority")),
         )
 
@@ -186,6 +234,108 @@ class TaskEnvironment:
             grace_period_s=grace,
             preempt_file=Path(environ[ENV_PREEMPT_FILE]) if environ.get(ENV_PREEMPT_FILE) else None,
         )
+
+
+class GangEnvironmentError(ValueError):
+    """A gang's variables are inconsistent; ``str(e)`` names the field, its variable and what is allowed."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name} ({_GANG_FIELDS[field_name][0]}): {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class GangEnvironment:
+    """
+    What one node of a multi-host job (a gang) is told about the gang: the executor's launcher
+    writes it into every node's environment (:meth:`to_env`), the task reads it (:meth:`read`).
+
+    The same on every node but ``node_rank``. A job on one host has none (:meth:`read` gives
+    None), so ``nnodes`` is at least 2.
+    """
+
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    """Training processes per node: the task's ``gpus``."""
+    master_addr: str
+    """Node 0's host address."""
+    master_port: int
+    """A free port chosen on node 0's host."""
+    rdzv_id: str
+    """The job id (torchrun's ``--rdzv-id``)."""
+
+    def __post_init__(self) -> None:
+        _check_gang_int("nnodes", self.nnodes, 2, MAX_NODES, "a job on one host has no gang variables")
+        _check_gang_int("node_rank", self.node_rank, 0, self.nnodes - 1, f"nnodes is {self.nnodes}")
+        _check_gang_int("nproc_per_node", self.nproc_per_node, 1, None)
+        _check_gang_int("master_port", self.master_port, 1, 65535)
+        for name in ("master_addr", "rdzv_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value or any(c.isspace() for c in value):
+                raise GangEnvironmentError(name, f"{value!r} is not a non-empty string without whitespace")
+
+    @property
+    def world_size(self) -> int:
+        """The training processes of the whole gang (``WORLD_SIZE``)."""
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def rdzv_endpoint(self) -> str:
+        """``MASTER_ADDR:MASTER_PORT``, as torchrun's ``--rdzv-endpoint`` takes it."""
+        return f"{self.master_addr}:{self.master_port}"
+
+    def to_env(self) -> dict[str, str]:
+        return {
+            ENV_NNODES: str(self.nnodes),
+            ENV_NODE_RANK: str(self.node_rank),
+            ENV_NPROC_PER_NODE: str(self.nproc_per_node),
+            ENV_MASTER_ADDR: self.master_addr,
+            ENV_MASTER_PORT: str(self.master_port),
+            ENV_WORLD_SIZE: str(self.world_size),
+            ENV_RDZV_ID: self.rdzv_id,
+            ENV_RDZV_ENDPOINT: self.rdzv_endpoint,
+        }
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str]) -> GangEnvironment | None:
+        """The gang ``environ`` (``os.environ``) describes, or None without ``QUOTA_NNODES`` (a job on one
+        host). Not tolerant, unlike :meth:`TaskEnvironment.read`: a node that guessed its rank or its
+        master would hang or corrupt the whole gang, so a missing or malformed variable raises
+        :class:`GangEnvironmentError`. ``WORLD_SIZE`` and ``QUOTA_RDZV_ENDPOINT`` follow from the others
+        and are not read."""
+        if not environ.get(ENV_NNODES):
+            return None
+        values: dict[str, Any] = {}
+        for name, (variable, convert) in _GANG_FIELDS.items():
+            text = environ.get(variable)
+            if not text:
+                every = ", ".join(GANG_VARIABLES)
+                raise GangEnvironmentError(name, f"is not set, but {ENV_NNODES} is: every node of a gang gets {every}")
+            try:
+                values[name] = convert(text)
+            except ValueError:
+                raise GangEnvironmentError(name, f"{text!r} is not an integer") from None
+        return cls(**values)
+
+
+#: GangEnvironment's fields: the variable each is read from, and its type.
+_GANG_FIELDS: dict[str, tuple[str, Any]] = {
+    "nnodes": (ENV_NNODES, int),
+    "node_rank": (ENV_NODE_RANK, int),
+    "nproc_per_node": (ENV_NPROC_PER_NODE, int),
+    "master_addr": (ENV_MASTER_ADDR, str),
+    "master_port": (ENV_MASTER_PORT, int),
+    "rdzv_id": (ENV_RDZV_ID, str),
+}
+
+
+def _check_gang_int(name: str, value: Any, minimum: int, maximum: int | None, why: str = "") -> None:
+    in_range = isinstance(value, int) and minimum <= value and (maximum is None or value <= maximum)
+    if in_range and not isinstance(value, bool):
+        return
+    allowed = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
+    raise GangEnvironmentError(name, f"{value!r} is not {allowed}" + (f" ({why})" if why else ""))
 
 
 # --------------------------------------------------------------------------------------------

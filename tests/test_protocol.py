@@ -10,7 +10,10 @@ from airflow_quota_provider.policy.config import Quota
 from airflow_quota_provider.protocol import (
     DEFAULT_GRACE_PERIOD_S,
     EXECUTOR_CONFIG_KEY,
+    GANG_VARIABLES,
     HANDLED_SUFFIX,
+    GangEnvironment,
+    GangEnvironmentError,
     PreemptionNotice,
     QuotaTaskConfig,
     TaskEnvironment,
@@ -31,6 +34,7 @@ from airflow_quota_provider.protocol import (
         pytest.param(
             QuotaTaskConfig(quota="team-a", gpus=2, priority=50), id="hand-written quota, gpus and priority survive"
         ),
+        pytest.param(QuotaTaskConfig(gpus=8, nodes=4), id="a gang's gpus per host and nodes survive"),
     ],
 )
 def test_task_config_round_trip(config):
@@ -60,8 +64,8 @@ def test_task_config_writes_optional_fields_only_when_set():
             for value in ("1h", -5, 0, True)
         ),
         pytest.param(
-            {EXECUTOR_CONFIG_KEY: {"gpus": "2", "priority": "7", "grace_period_s": "30"}},
-            QuotaTaskConfig(gpus=2, priority=7, grace_period_s=30.0),
+            {EXECUTOR_CONFIG_KEY: {"gpus": "2", "nodes": "3", "priority": "7", "grace_period_s": "30"}},
+            QuotaTaskConfig(gpus=2, nodes=3, priority=7, grace_period_s=30.0),
             id="numbers written as strings are read as numbers",
         ),
     ],
@@ -95,6 +99,133 @@ def test_environment_round_trip(tmp_path):
 )
 def test_environment_read_tolerates_junk(environ, expected):
     assert TaskEnvironment.read(environ) == expected
+
+
+GANG = GangEnvironment(
+    nnodes=4, node_rank=1, nproc_per_node=8, master_addr="10.0.3.7", master_port=29500, rdzv_id="17"
+)
+
+
+def test_gang_environment_round_trip():
+    assert GangEnvironment.read(GANG.to_env()) == GANG
+
+
+def test_gang_environment_gives_torchrun_every_variable():
+    assert GANG.to_env() == {
+        "QUOTA_NNODES": "4",
+        "QUOTA_NODE_RANK": "1",
+        "QUOTA_NPROC_PER_NODE": "8",
+        "MASTER_ADDR": "10.0.3.7",
+        "MASTER_PORT": "29500",
+        "WORLD_SIZE": "32",  # training processes of the whole gang: nodes x processes per node
+        "QUOTA_RDZV_ID": "17",
+        "QUOTA_RDZV_ENDPOINT": "10.0.3.7:29500",
+    }
+    assert tuple(GANG.to_env()) == GANG_VARIABLES
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        pytest.param({}, id="no variables"),
+        pytest.param({"QUOTA_NNODES": ""}, id="empty node count"),
+        pytest.param(
+            {"MASTER_ADDR": "10.0.3.7", "MASTER_PORT": "29500", "WORLD_SIZE": "8"},
+            id="torch's own variables alone",
+        ),
+    ],
+)
+def test_without_a_node_count_a_job_is_on_one_host(environ):
+    assert GangEnvironment.read(environ) is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "message"),
+    [
+        pytest.param(
+            {"nnodes": 1, "node_rank": 0}, "nnodes", "nnodes (QUOTA_NNODES): 1 is not an integer from 2 to 1024",
+            id="a job on one host is no gang",
+        ),
+        pytest.param(
+            {"nnodes": 1025}, "nnodes", "nnodes (QUOTA_NNODES): 1025 is not an integer from 2 to 1024",
+            id="more nodes than a job may span",
+        ),
+        pytest.param(
+            {"node_rank": 4}, "node_rank", "node_rank (QUOTA_NODE_RANK): 4 is not an integer from 0 to 3 (nnodes is 4)",
+            id="rank past the gang",
+        ),
+        pytest.param(
+            {"node_rank": -1}, "node_rank", "node_rank (QUOTA_NODE_RANK): -1 is not an integer from 0 to 3",
+            id="negative rank",
+        ),
+        pytest.param(
+            {"nproc_per_node": 0}, "nproc_per_node", "nproc_per_node (QUOTA_NPROC_PER_NODE): 0 is not an integer >= 1",
+            id="no process per node",
+        ),
+        pytest.param(
+            {"master_port": 0}, "master_port", "master_port (MASTER_PORT): 0 is not an integer from 1 to 65535",
+            id="port 0",
+        ),
+        pytest.param(
+            {"master_port": 65536},
+            "master_port",
+            "master_port (MASTER_PORT): 65536 is not an integer from 1 to 65535",
+            id="port past 65535",
+        ),
+        pytest.param(
+            {"master_port": True}, "master_port", "master_port (MASTER_PORT): True is not an integer", id="boolean port"
+        ),
+        pytest.param(
+            {"master_addr": ""},
+            "master_addr",
+            "master_addr (MASTER_ADDR): '' is not a non-empty string without whitespace",
+            id="empty master address",
+        ),
+        pytest.param(
+            {"master_addr": "gpu 1"}, "master_addr", "master_addr (MASTER_ADDR): 'gpu 1' is not a non-empty string",
+            id="master address with a space",
+        ),
+        pytest.param(
+            {"rdzv_id": ""}, "rdzv_id", "rdzv_id (QUOTA_RDZV_ID): '' is not a non-empty string",
+            id="empty rendezvous id",
+        ),
+    ],
+)
+def test_bad_gang_environment_error_names_the_field_and_its_variable(changes, field, message):
+    with pytest.raises(GangEnvironmentError) as err:
+        GangEnvironment(**{**GANG.__dict__, **changes})
+    assert err.value.field == field
+    assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        pytest.param(
+            {"QUOTA_NODE_RANK": None},
+            "node_rank (QUOTA_NODE_RANK): is not set, but QUOTA_NNODES is",
+            id="a node without its rank",
+        ),
+        pytest.param(
+            {"MASTER_PORT": ""}, "master_port (MASTER_PORT): is not set, but QUOTA_NNODES is", id="empty master port"
+        ),
+        pytest.param(
+            {"QUOTA_NPROC_PER_NODE": "eight"},
+            "nproc_per_node (QUOTA_NPROC_PER_NODE): 'eight' is not an integer",
+            id="processes per node not a number",
+        ),
+        pytest.param(
+            {"QUOTA_NODE_RANK": "4"},
+            "node_rank (QUOTA_NODE_RANK): 4 is not an integer from 0 to 3",
+            id="rank past the gang",
+        ),
+    ],
+)
+def test_a_gang_node_with_missing_or_bad_variables_is_an_error_not_a_single_host_job(changes, message):
+    environ = {k: v for k, v in {**GANG.to_env(), **changes}.items() if v is not None}
+    with pytest.raises(GangEnvironmentError) as err:
+        GangEnvironment.read(environ)
+    assert str(err.value).startswith(message)
 
 
 def test_default_grace_period_is_the_quota_files():
