@@ -15,6 +15,7 @@ The cycle, in order:
    is never undone by a borrower in the same cycle.
 4. Borrowing pass, in fair-share order (borrowed GPUs per unit of weight, lowest first, recomputed
    after every admission): the rest start if they may borrow, or search for victims (both phases).
+   A quota with a job held for GPUs not yet free takes no part: its jobs behind that one wait.
    With cohorts, jobs that borrow closer to their quota go first (within their cohort before from
    the cohort above, as Kueue orders by the level a workload borrows at), so a reclaim at a level is
    not undone by a borrower from higher up; then fair sharing, level by level from the top.
@@ -117,6 +118,9 @@ class _Cycle:
         """Held jobs: capacity is theirs, GPUs not yet free; the victims they wait for and the host
         their GPUs are reserved on (None without hosts)."""
         self.awaiting: dict[str, list[str]] = {}
+        self.reserving: dict[str, str] = {}
+        """Quotas with a job held for GPUs that are not free yet (victims stopping, jobs finishing),
+        and the first such job: their jobs behind it do not borrow (:meth:`_borrowing_pass`)."""
         """Held jobs waiting for running jobs expected to finish within their grace period (spared)."""
         self.epoch = 0
         """Counts the changes that can make a failed fit or search succeed (preemptions, a quota
@@ -206,6 +210,7 @@ class _Cycle:
             if host is not None:
                 self.placement.hold(host, job.gpus)
             self.waiting_for[job.id] = (victims, host)
+            self.reserving.setdefault(job.quota, job.id)
 
     def _remember_no(self, memo: dict, job: Job, borrow: bool) -> None:
         seen = memo.get((job.quota, borrow))
@@ -384,7 +389,12 @@ class _Cycle:
                 aside.clear()
 
     def _borrowing_pass(self) -> None:
-        """Place the rest, lowest borrowed share per weight first (with cohorts: nearest level first)."""
+        """Place the rest, lowest borrowed share per weight first (with cohorts: nearest level first).
+
+        A quota with a job held for GPUs not free yet (:attr:`reserving`) is left out: its jobs behind
+        that one would borrow on top of the capacity held for it, and once its victims are gone it
+        would no longer fit, preempt them in turn, and lose its host to its own victims, round and
+        round (Kueue considers one job per queue per cycle, the head, so its lower ones wait too)."""
         backlog = self.backlog
         position = dict.fromkeys(backlog.quotas(), 0)
         tree = self.usage.tree is not None
@@ -396,6 +406,8 @@ class _Cycle:
         heapq.heapify(heap)
         while heap:
             share, name, epoch = heapq.heappop(heap)
+            if name in self.reserving:
+                continue
             if tree or epoch != self.epoch:
                 current = key(name)
                 if current != share:  # victims elsewhere changed it since it was pushed
@@ -450,7 +462,13 @@ class _Cycle:
                 # Every job still waiting went through the borrowing pass, which searched for
                 # victims for each one allowed to preempt yet.
                 quota = self.quotas[job.quota]
-                reason = explainer.waiting(job, searched=may_preempt(job, quota, self.now))
+                holder = self.reserving.get(job.quota)
+                if holder is None:
+                    reason = explainer.waiting(job, searched=may_preempt(job, quota, self.now))
+                else:
+                    reason = explainer.waiting(job, searched=False) + (
+                        f"; does not borrow while {holder} of its quota waits for GPUs held for it"
+                    )
             self.decision.pending.append(Pending(job.id, positions[job.quota], reason, self.awaiting.get(job.id, [])))
 
 

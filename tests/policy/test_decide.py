@@ -347,6 +347,27 @@ def test_a_preemptor_is_pending_in_the_same_cycle_with_its_victims_named():
     assert reason_of(decision, "p1") == "waiting for preempted jobs to stop: r1, r2"
 
 
+def test_a_quotas_jobs_behind_one_held_for_its_victims_do_not_borrow():
+    # a2 borrowing b's idle GPUs on top of a1's held 4 would leave a1 over its quota once a0 is gone:
+    # it would preempt a2 (its own victim again) instead of starting.
+    state = (
+        queue(8).quota("a", 4).quota("b", 4)
+        .run("a0", "a", 1, 0).run("b1", "b", 1).wait("a1", "a", 4, 9).wait("a2", "a", 1, 0).build()
+    )
+    decision = check(state, 100.0, [], [("a0", "a1", "within_quota")])
+    assert reason_of(decision, "a2").endswith("; does not borrow while a1 of its quota waits for GPUs held for it")
+    after = queue(8).quota("a", 4).quota("b", 4).run("b1", "b", 1).wait("a1", "a", 4, 9).wait("a2", "a", 1, 0).build()
+    check(after, 101.0, ["a1", "a2"], [])
+
+
+def test_jobs_of_other_quotas_still_borrow_while_a_job_is_held_for_its_victims():
+    state = (
+        queue(12).quota("a", 4).quota("b", 4).quota("c", 4)
+        .run("a0", "a", 1, 0).run("b1", "b", 1).wait("a1", "a", 4, 9).wait("c1", "c", 6, 0).build()
+    )
+    check(state, 100.0, ["c1"], [("a0", "a1", "within_quota")])
+
+
 def test_a_priority_update_changes_which_job_runs_next():
     state = queue(4).quota("a", 4).wait("first", "a", 4, 5, submitted_at=1).wait("second", "a", 4, 5, submitted_at=2).build()
     check(state, 100.0, ["first"], [])

@@ -275,3 +275,13 @@ def test_with_runtimes_the_victim_that_saved_last_loses_least():
         lost[noise] = figures(run.report, "quota", "b")["lost_gpu_hours"]
     assert lost[None] == round(4 * 280 / H, 6), "most recently started: b2, 250 s + the 30 s grace"
     assert lost[0.0] == round(4 * 80 / H, 6), "least lost since its checkpoint: b1, 50 s + 30 s"
+
+
+def test_kueues_baseline_on_hosts_ends_without_the_policy_going_round_in_circles():
+    # Each cohort's large job once preempted on one host while its quota's smaller jobs borrowed on
+    # another; with its victims gone it no longer fitted, preempted those in turn, and its first host
+    # went to its first victims: 341 decisions at t=3.5 s until the engine's CheckError.
+    quota_file, jobs = kueue_baseline(groups=1)
+    run = simulate(quota_file, jobs, ["quota"], hosts_per_queue=6, gpus_per_host=20, runtime_noise=0.5)
+    assert run.report["policies"]["quota"]["checks"]["conservation"] == "passed"
+    assert {job.status for job in run.results["quota"].jobs} == {"completed"}
