@@ -25,7 +25,10 @@ How a callable learns that it is preempted (``on_preempt``):
 Once preemption was requested, the run ends as ``UP_FOR_RESCHEDULE`` (no retry used, same
 ``try_number``) however the callable ends. The callable also sees ``QUOTA_CHECKPOINT_DIR``,
 ``QUOTA_RESUME_FROM`` and ``QUOTA_PREEMPTION_COUNT`` in ``os.environ``, and ``CUDA_VISIBLE_DEVICES``
-as set by the executor. :func:`current_quota_run` returns the same object as ``quota``.
+as set by the executor; with ``nodes`` > 1 (a gang, on that many hosts at once) also the gang's
+variables (``MASTER_ADDR``, ``MASTER_PORT``, ``QUOTA_NODE_RANK``, ...: see
+:class:`~airflow_quota_provider.protocol.GangEnvironment`, whose ``read(os.environ)`` gives them
+typed). :func:`current_quota_run` returns the same object as ``quota``.
 
 Checkpoints are found and kept as for QuotaTrainingOperator (``checkpoint_dir``, templated, or
 ``[quota] checkpoint_root``): ``quota.checkpoint_dir`` and ``quota.resume_from`` are always local
@@ -86,6 +89,7 @@ class _QuotaDecoratedOperator(QuotaTaskMixin, DecoratedOperator, PythonOperator)
         op_kwargs: Any = None,
         quota: str,
         gpus: int = 1,
+        nodes: int = 1,
         priority: int = 0,
         checkpoint_dir: str | None = None,
         max_preemptions: int | None = None,
@@ -97,8 +101,8 @@ class _QuotaDecoratedOperator(QuotaTaskMixin, DecoratedOperator, PythonOperator)
         **kwargs: Any,
     ) -> None:
         _check_on_preempt(on_preempt)
-        quota_args = {"quota": quota, "gpus": gpus, "priority": priority, "max_preemptions": max_preemptions,
-                      "grace_period": grace_period, "preemptible": preemptible,
+        quota_args = {"quota": quota, "gpus": gpus, "nodes": nodes, "priority": priority,
+                      "max_preemptions": max_preemptions, "grace_period": grace_period, "preemptible": preemptible,
                       "expected_runtime": expected_runtime}  # fmt: skip
         kwargs_to_upstream = {"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs}
         super().__init__(
@@ -226,10 +230,12 @@ def quota_task(python_callable: Callable | None = None, **kwargs: Any) -> TaskDe
 
     Takes the arguments of :class:`~airflow_quota_provider.operators.training.QuotaTrainingOperator`
     except ``command``/``env``/``cwd``, plus ``on_preempt`` (``"raise"`` or ``"flag"``), and the usual
-    ``BaseOperator`` arguments. Among them ``expected_runtime`` (seconds or a ``timedelta``): how long
-    one run takes, for the victim search (the least work lost; a run about to end is waited for, not
-    preempted) and the estimated start of waiting jobs; None (default): the median of the task's
-    recent successful durations, else its ``execution_timeout``, else unknown.
+    ``BaseOperator`` arguments. Among them ``nodes``: the hosts the task spans (default 1), each with
+    ``gpus`` GPUs; its quota counts ``gpus`` x ``nodes``. And ``expected_runtime`` (seconds or a
+    ``timedelta``): how long one run takes, for the victim search (the least work lost; a run about
+    to end is waited for, not preempted) and the estimated start of waiting jobs; None (default):
+    the median of the task's recent successful durations, else its ``execution_timeout``, else
+    unknown.
     """
     _check_on_preempt(kwargs.get("on_preempt", "raise"))
     return task_decorator_factory(

@@ -1,10 +1,12 @@
 """The quota arguments of QuotaTrainingOperator and ``@task.quota``: their validation and the
 ``BaseOperator`` arguments they map to, at DAG parse time.
 
-A quota task is placed on a quota (its Airflow pool), asks for ``gpus`` GPUs (its ``pool_slots``)
-at a ``priority`` (its ``priority_weight``, with ``weight_rule="absolute"``) and is routed to the
+A quota task is placed on a quota (its Airflow pool), asks for ``gpus`` GPUs on each of ``nodes``
+hosts (``gpus`` x ``nodes`` is its ``pool_slots``: the quota counts every node's GPUs) at a
+``priority`` (its ``priority_weight``, with ``weight_rule="absolute"``) and is routed to the
 QuotaExecutor (``executor="quota"``). Its other settings travel in ``executor_config["quota"]``
-(:class:`~airflow_quota_provider.protocol.QuotaTaskConfig`).
+(:class:`~airflow_quota_provider.protocol.QuotaTaskConfig`), with ``gpus`` and ``nodes`` for a job
+on more than one host, so that the executor can tell the GPUs per host from the total.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY, QuotaTaskConfig
+from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY, MAX_NODES, QuotaTaskConfig
 
 #: Executor alias the tasks are routed to; configure ``[core] executor`` with
 #: ``quota:airflow_quota_provider.executors.quota_executor.QuotaExecutor``.
@@ -32,12 +34,14 @@ class QuotaTaskArgumentError(ValueError):
         self.message = message
 
 
-def _check_int(field_name: str, value: Any, *, minimum: int, allow_none: bool = False) -> int | None:
+def _check_int(
+    field_name: str, value: Any, *, minimum: int, maximum: int | None = None, allow_none: bool = False
+) -> int | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        allowed = f"an integer >= {minimum}" + (" or None" if allow_none else "")
-        raise QuotaTaskArgumentError(field_name, f"{value!r} is not {allowed}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+        allowed = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
+        raise QuotaTaskArgumentError(field_name, f"{value!r} is not {allowed}" + (" or None" if allow_none else ""))
     return value
 
 
@@ -63,6 +67,7 @@ def quota_operator_kwargs(
     executor: str | None,
     kwargs: dict[str, Any],
     expected_runtime: float | timedelta | None = None,
+    nodes: int = 1,
 ) -> dict[str, Any]:
     """
     Validate the quota arguments and return the ``BaseOperator`` keyword arguments they map to.
@@ -76,6 +81,7 @@ def quota_operator_kwargs(
             "quota", f"{quota!r} is not a quota name (letters, digits, '_', '.', '-'; the quota's pool name)"
         )
     _check_int("gpus", gpus, minimum=1)
+    _check_int("nodes", nodes, minimum=1, maximum=MAX_NODES)
     _check_int("priority", priority, minimum=0)
     _check_int("max_preemptions", max_preemptions, minimum=0, allow_none=True)
     grace_period_s = positive_seconds("grace_period", grace_period)
@@ -84,18 +90,23 @@ def quota_operator_kwargs(
     if executor is not None and (not isinstance(executor, str) or not executor):
         raise QuotaTaskArgumentError("executor", f"{executor!r} is not an executor name or None")
 
-    mapped = {"pool": quota, "pool_slots": gpus, "priority_weight": priority, "weight_rule": "absolute"}
-    source = {"pool": "quota", "pool_slots": "gpus", "priority_weight": "priority", "weight_rule": None}
+    mapped = {"pool": quota, "pool_slots": gpus * nodes, "priority_weight": priority, "weight_rule": "absolute"}
+    # the quota arguments each one follows from, as (their names, their values)
+    slots = ("gpus", f"gpus={gpus!r}") if nodes == 1 else ("gpus and nodes", f"gpus={gpus!r} x nodes={nodes!r}")
+    source = {
+        "pool": ("quota", f"quota={quota!r}"),
+        "pool_slots": slots,
+        "priority_weight": ("priority", f"priority={priority!r}"),
+    }
     for name, value in mapped.items():
         given = kwargs.get(name)
         if given is not None and given != value:
-            if source[name] is None:
+            if name not in source:
                 raise QuotaTaskArgumentError(
                     name, f"{given!r} is not allowed; quota tasks use 'absolute' (priority is the weight)"
                 )
-            raise QuotaTaskArgumentError(
-                name, f"{given!r} conflicts with {source[name]}={value!r}; set {source[name]} only"
-            )
+            names, values = source[name]
+            raise QuotaTaskArgumentError(name, f"{given!r} conflicts with {values}; set {names} only")
 
     extras = QuotaTaskConfig(
         preemptible=preemptible,
@@ -103,6 +114,9 @@ def quota_operator_kwargs(
         grace_period_s=grace_period_s,
         # None: the executor estimates it from the task's history
         expected_runtime_s=positive_seconds("expected_runtime", expected_runtime),
+        # only for a gang, so that a job on one host stores what it always did
+        gpus=gpus if nodes > 1 else None,
+        nodes=nodes if nodes > 1 else None,
     ).to_dict()
     executor_config = kwargs.get("executor_config") or {}
     if not isinstance(executor_config, Mapping):
@@ -122,6 +136,7 @@ def quota_operator_kwargs(
 
 _QUOTA_ARG_DEFAULTS: dict[str, Any] = {
     "gpus": 1,
+    "nodes": 1,
     "priority": 0,
     "preemptible": True,
     "max_preemptions": None,

@@ -5,10 +5,11 @@
 notice, as :mod:`airflow_quota_provider.protocol` defines them, and the checkpoints of
 :mod:`.checkpoints`), and runs ``command`` in its own process group (:mod:`.process_group`) with
 ``QUOTA_CHECKPOINT_DIR`` (this attempt's own directory), ``QUOTA_RESUME_FROM`` (the checkpoint it
-resumes from, or empty) and ``QUOTA_PREEMPTION_COUNT``. When the executor preempts the task, the
-command gets SIGTERM and the grace period to write a checkpoint and exit, and the task goes back to
-its quota's queue as ``UP_FOR_RESCHEDULE`` with the same ``try_number``. :class:`QuotaTaskMixin` is
-what the operator shares with ``@task.quota``.
+resumes from, or empty) and ``QUOTA_PREEMPTION_COUNT``; on a job of several hosts (``nodes``), also
+the gang's variables the launcher set (``MASTER_ADDR``, ``QUOTA_NODE_RANK``, ...), unchanged. When
+the executor preempts the task, the command gets SIGTERM and the grace period to write a checkpoint
+and exit, and the task goes back to its quota's queue as ``UP_FOR_RESCHEDULE`` with the same
+``try_number``. :class:`QuotaTaskMixin` is what the operator shares with ``@task.quota``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from airflow_quota_provider.operators.checkpoints import (
 from airflow_quota_provider.operators.links import QuotaJobLink
 from airflow_quota_provider.operators.process_group import CommandProcess
 from airflow_quota_provider.operators.quota_run import QuotaRun
+from airflow_quota_provider.protocol import GangEnvironment
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -64,11 +66,13 @@ class QuotaTaskMixin:
         grace_period: float | timedelta | None,
         preemptible: bool,
         expected_runtime: float | timedelta | None = None,
+        nodes: int = 1,
     ) -> None:
         if checkpoint_dir is not None and not isinstance(checkpoint_dir, str):
             raise QuotaTaskArgumentError("checkpoint_dir", f"{checkpoint_dir!r} is not a path string or None")
         self.quota = quota
         self.gpus = gpus
+        self.nodes = nodes
         self.priority = priority
         self.checkpoint_dir = checkpoint_dir
         self.max_preemptions = max_preemptions
@@ -80,8 +84,10 @@ class QuotaTaskMixin:
         """
         Read the executor's environment and find the checkpoint to resume from (downloading it
         when the checkpoints live in an object store); a notice that is already there ends the run
-        at once. End the run with :meth:`QuotaRun.save_checkpoints`.
+        at once. End the run with :meth:`QuotaRun.save_checkpoints`. A node of a gang whose
+        variables are missing or inconsistent fails before it starts anything.
         """
+        gang = GangEnvironment.read(os.environ)
         location = (
             checkpoint_location(self.checkpoint_dir) if self.checkpoint_dir else task_instance_checkpoint_dir(context)
         )
@@ -111,6 +117,15 @@ class QuotaTaskMixin:
             f" (synced with {sync.attempt})" if sync else "",
             run.resume_from or "(nothing: fresh start)",
         )
+        if gang is not None:
+            self.log.info(
+                "Node %d of a gang of %d (%d processes in all, job %s); master %s",
+                gang.node_rank,
+                gang.nnodes,
+                gang.world_size,
+                gang.rdzv_id,
+                gang.rdzv_endpoint,
+            )
         return run
 
 
@@ -120,7 +135,10 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
 
     :param command: shell command (a string, run by ``bash -c``) or an argv list. Templated.
     :param quota: the quota (and Airflow pool) the task runs on.
-    :param gpus: GPUs the task needs (its ``pool_slots``), >= 1.
+    :param gpus: GPUs the task needs on each host, >= 1.
+    :param nodes: hosts the task spans, 1 to 1024 (default 1: one host). A task on several hosts (a
+        gang) is started on all of them at once, its command once per host with the gang's
+        variables (see below); its quota counts ``gpus`` x ``nodes`` GPUs (its ``pool_slots``).
     :param priority: priority within and across quotas (its ``priority_weight``, absolute), >= 0;
         higher wins.
     :param checkpoint_dir: where the task's checkpoints live. Templated. A local path (a shared
@@ -143,8 +161,11 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
     :param executor: the executor alias; default ``"quota"``.
 
     The command sees ``CUDA_VISIBLE_DEVICES`` (its GPUs), ``QUOTA_CHECKPOINT_DIR``,
-    ``QUOTA_RESUME_FROM`` (newest checkpoint or empty) and ``QUOTA_PREEMPTION_COUNT``. On SIGTERM it
-    should write a checkpoint and exit. Its exit code is the task's result unless it was preempted.
+    ``QUOTA_RESUME_FROM`` (newest checkpoint or empty) and ``QUOTA_PREEMPTION_COUNT``; with
+    ``nodes`` > 1 also ``QUOTA_NNODES``, ``QUOTA_NODE_RANK``, ``QUOTA_NPROC_PER_NODE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``QUOTA_RDZV_ID`` and ``QUOTA_RDZV_ENDPOINT``
+    (:class:`~airflow_quota_provider.protocol.GangEnvironment`), which ``env`` cannot override. On
+    SIGTERM it should write a checkpoint and exit. Its exit code is the task's result unless it was preempted.
     With an object store, the newest checkpoint is downloaded before the command starts and the
     checkpoints it writes are uploaded once it has exited, also when it failed or was preempted
     (then only the newest, within the grace period); a failed upload fails an otherwise successful
@@ -161,6 +182,7 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
         command: str | Sequence[str],
         quota: str,
         gpus: int = 1,
+        nodes: int = 1,
         priority: int = 0,
         checkpoint_dir: str | None = None,
         max_preemptions: int | None = None,
@@ -181,8 +203,8 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
             raise QuotaTaskArgumentError("command", f"{command!r} is not a string or a non-empty list of strings")
         if env is not None and not isinstance(env, Mapping):
             raise QuotaTaskArgumentError("env", f"{env!r} is not a dict of strings or None")
-        quota_args = {"quota": quota, "gpus": gpus, "priority": priority, "max_preemptions": max_preemptions,
-                      "grace_period": grace_period, "preemptible": preemptible,
+        quota_args = {"quota": quota, "gpus": gpus, "nodes": nodes, "priority": priority,
+                      "max_preemptions": max_preemptions, "grace_period": grace_period, "preemptible": preemptible,
                       "expected_runtime": expected_runtime}  # fmt: skip
         super().__init__(**quota_operator_kwargs(**quota_args, executor=executor, kwargs=kwargs))
         self._set_quota_args(checkpoint_dir=checkpoint_dir, **quota_args)
@@ -225,7 +247,11 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
         return ["bash", "-c", self.command] if isinstance(self.command, str) else list(self.command)
 
     def _env(self, run: QuotaRun) -> dict[str, str]:
-        return {**os.environ, **{k: str(v) for k, v in (self.env or {}).items()}, **run.env()}
+        # A gang's variables as the launcher set them, over ``env``: a node whose master or rank
+        # differs from what its peers were told hangs the whole gang.
+        gang = GangEnvironment.read(os.environ)
+        own = {k: str(v) for k, v in (self.env or {}).items()}
+        return {**os.environ, **own, **(gang.to_env() if gang else {}), **run.env()}
 
     def on_kill(self) -> None:
         """Forward the kill to the command now; ``execute`` then applies the grace period."""

@@ -43,6 +43,36 @@ def test_decorated_task_gets_quota_pool_priority_and_executor_config():
     }
 
 
+def test_decorated_gang_counts_every_nodes_gpus_and_tells_the_executor_its_gpus_per_host():
+    with DAG("deco_gang"):
+
+        @quota_task(quota="team-a", gpus=8, nodes=4, priority=60)
+        def pretrain(quota=None):
+            return 1
+
+        op = pretrain().operator
+    assert (op.pool_slots, op.gpus, op.nodes) == (32, 8, 4)
+    assert op.executor_config[EXECUTOR_CONFIG_KEY] == {
+        "preemptible": True,
+        "max_preemptions": None,
+        "grace_period_s": None,
+        "gpus": 8,
+        "nodes": 4,
+    }
+
+
+def test_mapped_decorated_gang_knows_its_gpus_and_nodes_before_unmapping():
+    with DAG("deco_mapped_gang"):
+
+        @quota_task(quota="team-a", gpus=8, nodes=2)
+        def pretrain(lr: float, quota=None):
+            return lr
+
+        op = pretrain.expand(lr=[0.1, 0.01]).operator
+    asked = op.executor_config[EXECUTOR_CONFIG_KEY]
+    assert (op.pool_slots, asked["gpus"], asked["nodes"]) == (16, 8, 2)
+
+
 def test_mapped_decorated_task_knows_its_quota_pool_before_unmapping():
     with DAG("deco_mapped"):
 
@@ -61,6 +91,8 @@ def test_mapped_decorated_task_knows_its_quota_pool_before_unmapping():
     [
         pytest.param({"on_preempt": "sometimes"}, "on_preempt", id="unknown on_preempt value"),
         pytest.param({"gpus": -2}, "gpus", id="negative gpus"),
+        pytest.param({"nodes": 0}, "nodes", id="zero nodes"),
+        pytest.param({"nodes": 2000}, "nodes", id="more nodes than the bound"),
         pytest.param({"priority": "high"}, "priority", id="priority not an integer"),
     ],
 )

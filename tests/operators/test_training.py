@@ -24,11 +24,11 @@ from tests.operators.quota_airflow import (  # first: it keeps Airflow away from
     wait_for,
     write_preempt_file,
 )
-from airflow_quota_provider.operators.arguments import QuotaTaskArgumentError
+from airflow_quota_provider.operators.arguments import QuotaTaskArgumentError, quota_operator_kwargs
 from airflow_quota_provider.operators.checkpoints import latest_checkpoint
 from airflow_quota_provider.operators.quota_run import QuotaRun
 from airflow_quota_provider.operators.training import QuotaTrainingOperator
-from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY
+from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY, GangEnvironment
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,44 @@ def test_quota_arguments_map_to_pool_slots_priority_and_executor_config():
     }
 
 
+def test_one_node_maps_to_exactly_the_arguments_of_a_job_on_one_host():
+    """``nodes=1`` (the default) changes nothing a DAG serializes: same pool slots, same executor_config."""
+    args = {"quota": "team-a", "gpus": 4, "priority": 50, "preemptible": True, "max_preemptions": 3,
+            "grace_period": 120, "expected_runtime": 600, "executor": "quota",
+            "kwargs": {"retries": 0, "executor_config": {"other": 1}}}  # fmt: skip
+    expected = {
+        "retries": 0,
+        "pool": "team-a",
+        "pool_slots": 4,
+        "priority_weight": 50,
+        "weight_rule": "absolute",
+        "executor": "quota",
+        "executor_config": {
+            "other": 1,
+            EXECUTOR_CONFIG_KEY: {
+                "preemptible": True,
+                "max_preemptions": 3,
+                "grace_period_s": 120.0,
+                "expected_runtime_s": 600.0,
+            },
+        },
+    }
+    assert quota_operator_kwargs(**args) == expected
+    assert quota_operator_kwargs(**args, nodes=1) == expected
+
+
+def test_a_gang_counts_every_nodes_gpus_and_tells_the_executor_its_gpus_per_host():
+    op = QuotaTrainingOperator(task_id="pretrain", quota="team-a", gpus=8, nodes=4, priority=60, command="torchrun")
+    assert (op.pool_slots, op.gpus, op.nodes) == (32, 8, 4)
+    assert op.executor_config[EXECUTOR_CONFIG_KEY] == {
+        "preemptible": True,
+        "max_preemptions": None,
+        "grace_period_s": None,
+        "gpus": 8,
+        "nodes": 4,
+    }
+
+
 def test_an_expected_runtime_travels_to_the_executor_and_overrides_the_history():
     op = QuotaTrainingOperator(
         task_id="train", quota="team-a", command="python train.py", expected_runtime=timedelta(minutes=30)
@@ -76,6 +114,10 @@ def test_an_expected_runtime_travels_to_the_executor_and_overrides_the_history()
         pytest.param({"gpus": 0}, "gpus", "0 is not an integer >= 1", id="zero gpus"),
         pytest.param({"gpus": 1.5}, "gpus", "1.5 is not an integer", id="fractional gpus"),
         pytest.param({"gpus": True}, "gpus", "True is not an integer", id="boolean gpus"),
+        pytest.param({"nodes": 0}, "nodes", "0 is not an integer from 1 to 1024", id="zero nodes"),
+        pytest.param({"nodes": 1025}, "nodes", "1025 is not an integer from 1 to 1024", id="more nodes than the bound"),
+        pytest.param({"nodes": "4"}, "nodes", "'4' is not an integer", id="nodes as a string"),
+        pytest.param({"nodes": True}, "nodes", "True is not an integer", id="boolean nodes"),
         pytest.param({"priority": -5}, "priority", "-5 is not an integer >= 0", id="negative priority"),
         pytest.param({"quota": ""}, "quota", "is not a quota name", id="empty quota"),
         pytest.param({"quota": "team a"}, "quota", "'team a' is not a quota name", id="quota with a space"),
@@ -87,6 +129,12 @@ def test_an_expected_runtime_travels_to_the_executor_and_overrides_the_history()
         pytest.param({"command": []}, "command", "not a string or a non-empty list", id="empty argv"),
         pytest.param({"pool": "team-b"}, "pool", "conflicts with quota='team-a'", id="pool disagrees"),
         pytest.param({"pool_slots": 2}, "pool_slots", "conflicts with gpus=1", id="pool_slots disagrees"),
+        pytest.param(
+            {"gpus": 2, "nodes": 3, "pool_slots": 2},
+            "pool_slots",
+            "2 conflicts with gpus=2 x nodes=3; set gpus and nodes only",
+            id="pool_slots of one node of a gang",
+        ),
         pytest.param({"priority_weight": 9}, "priority_weight", "conflicts with priority=0", id="weight disagrees"),
         pytest.param({"weight_rule": "downstream"}, "weight_rule", "'absolute'", id="relative weight rule"),
         pytest.param(
@@ -353,6 +401,19 @@ def test_mapped_operator_knows_its_quota_pool_and_gpus_before_unmapping():
         QuotaTrainingOperator.partial(task_id="sweep", quota="team-b", gpus=-1).expand(command=["a"])
 
 
+def test_mapped_gang_knows_its_gpus_and_nodes_before_unmapping():
+    from airflow.sdk import DAG
+
+    with DAG("mapped_gangs"):
+        mapped = QuotaTrainingOperator.partial(task_id="sweep", quota="team-b", gpus=8, nodes=2).expand(
+            command=["torchrun train.py --lr 0.1", "torchrun train.py --lr 0.01"]
+        )
+    asked = mapped.executor_config[EXECUTOR_CONFIG_KEY]
+    assert (mapped.pool_slots, asked["gpus"], asked["nodes"]) == (16, 8, 2)
+    with DAG("mapped_bad_gang"), pytest.raises(QuotaTaskArgumentError, match=r"^nodes: 0 is not an integer from 1"):
+        QuotaTrainingOperator.partial(task_id="sweep", quota="team-b", nodes=0).expand(command=["a"])
+
+
 def test_cwd_and_a_checkpoint_dir_url_are_templated(airflow_home, tmp_path):
     """``checkpoint_dir`` may be a URL (rendered first); a ``file://`` one is the command's directory."""
     airflow_home.write_dag(
@@ -376,3 +437,32 @@ def test_cwd_and_a_checkpoint_dir_url_are_templated(airflow_home, tmp_path):
     assert result["final"]["job"]["state"] == "success"
     assert (tmp_path / "out.txt").read_text().split() == [str(tmp_path), str(tmp_path / "ckpt" / "job" / "attempt-00001")]
     assert QuotaTrainingOperator.template_fields == ("command", "checkpoint_dir", "env", "cwd")
+
+
+GANG_NODE = GangEnvironment(
+    nnodes=2, node_rank=1, nproc_per_node=4, master_addr="10.0.3.7", master_port=29500, rdzv_id="17"
+)
+
+
+def test_a_gang_node_passes_the_launchers_variables_to_its_command_unchanged(airflow_home, tmp_path):
+    """The launcher sets the gang's variables in the task's environment; the command gets them as
+    they are, even where the task's ``env`` names one (a node told another master hangs the gang)."""
+    seen = tmp_path / "seen.json"
+    command = f"""python3 -c 'import json, os; json.dump(dict(os.environ), open("{seen}", "w"))'"""
+    _bash_dag(airflow_home, "gang_node", command, gpus=4, nodes=2, env={"MASTER_PORT": "1", "RUN_TAG": "mine"})
+    run = airflow_home.start_dag_test("gang_node", GANG_NODE.to_env(), supervise=False)
+    assert run.wait()["final"]["job"]["state"] == "success"
+    environ = json.loads(seen.read_text())
+    assert {k: environ.get(k) for k in GANG_NODE.to_env()} == GANG_NODE.to_env()
+    assert environ["RUN_TAG"] == "mine"  # the task's other variables still reach it
+    assert "Node 1 of a gang of 2 (8 processes in all, job 17); master 10.0.3.7:29500" in run.output()
+
+
+def test_a_gang_node_without_its_rank_fails_before_its_command_starts(airflow_home, tmp_path):
+    marker = tmp_path / "started"
+    _bash_dag(airflow_home, "gang_no_rank", f"touch {marker}", gpus=4, nodes=2)
+    environ = {k: v for k, v in GANG_NODE.to_env().items() if k != "QUOTA_NODE_RANK"}
+    run = airflow_home.start_dag_test("gang_no_rank", environ, supervise=False)
+    assert run.wait()["attempts"] == [{"task_id": "job", "state": "failed", "try_number": 1}]
+    assert not marker.exists()
+    assert "node_rank (QUOTA_NODE_RANK): is not set, but QUOTA_NNODES is" in run.output()
