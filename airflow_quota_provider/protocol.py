@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_quota_provider.policy.config import Quota
+from airflow_quota_provider.policy.jobs import MAX_NODES  # the policy refuses more in a decision file too
 
 #: Key of ``executor_config`` that carries the per-task quota settings.
 EXECUTOR_CONFIG_KEY = "quota"
@@ -100,8 +101,6 @@ GANG_VARIABLES = (
     ENV_RDZV_ENDPOINT,
 )
 
-#: The most hosts one job may span.
-MAX_NODES = 1024
 
 #: The notice's file name in a launch's job directory (``<state_dir>/jobs/<job id>/``).
 PREEMPT_FILE = "preempt.json"

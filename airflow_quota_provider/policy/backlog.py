@@ -26,7 +26,7 @@ Entry = tuple[tuple, "Job"]
 class Backlog:
     """Waiting jobs by quota, each quota's list in queue order (priority, then FIFO)."""
 
-    __slots__ = ("_entries", "_jobs", "_sizes", "_priorities", "_span")
+    __slots__ = ("_entries", "_jobs", "_sizes", "_priorities", "_span", "_gangs")
 
     def __init__(self, jobs: Iterable[Job] = ()) -> None:
         self._entries: dict[str, list[Entry]] = {}
@@ -37,6 +37,8 @@ class Backlog:
         self._span: dict[str, tuple[int, int]] = {}
         """:meth:`smallest` and :meth:`largest` per quota, until its jobs change (a cycle asks them for
         every quota it skips)."""
+        self._gangs: dict[str, int] = {}
+        """Per quota with some, how many of its jobs are gangs (:meth:`has_gangs`)."""
         for job in jobs:
             self._count(job)
             key = queue_order(job)
@@ -59,6 +61,8 @@ class Backlog:
         by_priority = self._priorities.setdefault(job.quota, {})
         by_priority[job.priority] = by_priority.get(job.priority, 0) + 1
         self._span.pop(job.quota, None)
+        if job.nodes > 1:
+            self._gangs[job.quota] = self._gangs.get(job.quota, 0) + 1
 
     def add(self, job: Job) -> None:
         self._count(job)
@@ -81,6 +85,10 @@ class Backlog:
         by_priority[job.priority] -= 1
         if not by_priority[job.priority]:
             del by_priority[job.priority]
+        if job.nodes > 1:
+            self._gangs[job.quota] -= 1
+            if not self._gangs[job.quota]:
+                del self._gangs[job.quota]
         if not entries:
             del self._entries[job.quota], self._sizes[job.quota], self._priorities[job.quota]
         return job
@@ -137,6 +145,10 @@ class Backlog:
                 if at < len(keys) and (first is None or keys[at] < first):
                     first = keys[at]
         return len(entries) if first is None else bisect_left(entries, (first,))
+
+    def has_gangs(self, quota: str) -> bool:
+        """Whether some waiting job of ``quota`` spans hosts: sizes then say nothing of fitting hosts."""
+        return quota in self._gangs
 
     def highest_priority(self, quota: str) -> int:
         return max(self._priorities[quota])

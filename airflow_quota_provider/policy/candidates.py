@@ -135,16 +135,23 @@ class Candidates:
         """``victim`` was chosen in this decision: no later search may choose it again."""
         self.taken.add(victim.id)
         if self._on_host is not None:
-            self._host_gpus[victim.host] -= victim.gpus
+            if victim.nodes == 1:
+                self._host_gpus[victim.host] -= victim.gpus
+            else:
+                for host in victim.hosts:
+                    self._host_gpus[host] -= victim.gpus_per_node
 
     def _host_lists(self) -> dict[str | None, list[tuple[tuple, Job]]]:
-        """Per host, every quota's candidates there, in victim order."""
+        """Per host, every quota's candidates there, in victim order (a gang on each of its hosts)."""
         if self._on_host is None:
             self._on_host = {}
             for job in self._running:
                 if job.id not in self.taken and may_be_preempted(job, self._quotas[job.quota], self.now):
-                    self._on_host.setdefault(job.host, []).append((self.order(job), job))
-                    self._host_gpus[job.host] = self._host_gpus.get(job.host, 0) + job.gpus
+                    order = self.order(job)
+                    per = job.gpus_per_node
+                    for host in job.placed_on:
+                        self._on_host.setdefault(host, []).append((order, job))
+                        self._host_gpus[host] = self._host_gpus.get(host, 0) + per
             for entries in self._on_host.values():
                 entries.sort(key=entry_key)
         return self._on_host

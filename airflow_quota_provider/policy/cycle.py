@@ -26,8 +26,10 @@ With hosts (``State.hosts``), a job starts only where it fits physically: admiss
 fills best (:mod:`.placement`), and a job that fits its quota but finds no host with enough free GPUs
 searches for victims that make room on a host like a job that does not fit, or waits, its reason
 naming the fragmentation. Its victims may be on several hosts (the quota arithmetic is queue-wide);
-one host has room once they are gone. The quota arithmetic is the same with and without hosts;
-without them the queue is one implicit host of its capacity and nothing of this applies.
+one host has room once they are gone. A gang counts all its nodes' GPUs in the quota arithmetic and
+needs a host per node (:mod:`.placement`), all at once. The quota arithmetic is the same with and
+without hosts; without them the queue is one implicit host of its capacity, a gang is its GPUs in
+all, and nothing of this applies.
 
 Queueing is Kueue's ``BestEffortFIFO`` (its default; there is no ``StrictFIFO``): a job that can
 neither start nor find victims does not block the jobs behind it in its quota's queue, and a job
@@ -92,6 +94,15 @@ def rejection_reason(
             + f", job queue capacity {state.capacity})"
         )
     if state.hosts is not None:
+        if job.nodes > 1:
+            per = job.gpus_per_node
+            enough = sum(1 for host in state.hosts if host.gpus >= per)
+            if enough < job.nodes:
+                return (
+                    f"asks for {job.nodes} hosts with {per} GPUs each; this job queue has {enough} "
+                    f"{'host' if enough == 1 else 'hosts'} of at least {per} GPUs"
+                )
+            return None
         if largest_host is None:
             largest_host = max((host.gpus for host in state.hosts), default=0)
         if job.gpus > largest_host:
@@ -138,7 +149,7 @@ class _Cycle:
             if job.id in self.handled or not self.usage.fits(job.quota, job.gpus, borrow=True):
                 continue
             victims = self.running.stopping_for(job.id)
-            host = None if self.placement is None else self.placement.host_for_preemptor(job, victims, stopping=True)
+            host = None if self.placement is None else self._preemptor_place(job, victims, stopping=True)
             if self.placement is None or host is not None:
                 self._hold(job, sorted(victim.id for victim in victims), host)
                 self.handled.add(job.id)
@@ -158,7 +169,7 @@ class _Cycle:
             most = most_of[name]
             if self.backlog.largest(name) <= (most if largest_host is None else min(most, largest_host)) and (
                 quota.max_priority is None or self.backlog.highest_priority(name) <= quota.max_priority
-            ):
+            ) and (largest_host is None or not self.backlog.has_gangs(name)):
                 continue
             for key, job in self.backlog.entries(name):
                 reason = rejection_reason(job, quota, self.state, most, largest_host)
@@ -188,10 +199,18 @@ class _Cycle:
         if not was_borrowing and usage.is_borrowing(job.quota):
             self.epoch += 1
 
-    def _hold(self, job: Job, victims: list[str], host: str | None, awaited: list[str] | None = None) -> None:
-        """Count ``job``'s GPUs as taken (on ``host`` too, with hosts). A job with victims (or jobs it
-        waits for to finish, ``awaited``) waits for them to stop, even if other GPUs are free right
-        now (they belong to others); one without starts if the GPUs are free."""
+    def _preemptor_place(self, job: Job, victims, *, stopping: bool) -> str | tuple[str, ...] | None:
+        placement = self.placement
+        if job.nodes == 1:
+            return placement.host_for_preemptor(job, victims, stopping=stopping)
+        return placement.hosts_for_preemptor(job, victims, stopping=stopping)
+
+    def _hold(
+        self, job: Job, victims: list[str], host: str | tuple[str, ...] | None, awaited: list[str] | None = None
+    ) -> None:
+        """Count ``job``'s GPUs as taken (on ``host`` too, with hosts; a gang's hosts, one per node). A
+        job with victims (or jobs it waits for to finish, ``awaited``) waits for them to stop, even if
+        other GPUs are free right now (they belong to others); one without starts if the GPUs are free."""
         self._take(job)
         if awaited:
             self.awaiting[job.id] = awaited
@@ -199,16 +218,16 @@ class _Cycle:
             not victims
             and not awaited
             and self.usage.physically_free() >= job.gpus
-            and (host is None or self.placement.free(host) >= job.gpus)
+            and (host is None or self.placement.room_for(job, host))
         ):
             self.usage.physical += job.gpus
             self.decision.admit.append(job.id)
             if host is not None:
-                self.placement.admit(host, job.gpus)
-                self.decision.hosts[job.id] = host
+                self.placement.admit_job(job, host)
+                self.decision.hosts[job.id] = host if job.nodes == 1 else list(host)
         else:
             if host is not None:
-                self.placement.hold(host, job.gpus)
+                self.placement.hold_job(job, host)
             self.waiting_for[job.id] = (victims, host)
             self.reserving.setdefault(job.quota, job.id)
 
@@ -221,9 +240,10 @@ class _Cycle:
         """Whether a job of quota ``name`` with at most ``gpus`` failed since the last change.
 
         Within one pass a quota's jobs come in queue order, and fitting is monotone in GPUs: a job at
-        least as large as one that failed, with nothing changed since, fails too."""
+        least as large as one that failed, with nothing changed since, fails too. Not with gangs
+        waiting: a gang fits hosts by its GPUs per node, so a quota with one is never skipped."""
         seen = memo.get((name, borrow))
-        return seen is not None and seen[0] == self.epoch and seen[1] <= gpus
+        return seen is not None and seen[0] == self.epoch and seen[1] <= gpus and not self.backlog.has_gangs(name)
 
     def _next_open(self, name: str, borrow: bool, index: int) -> int:
         """The position of quota ``name``'s first job from ``index`` on that :meth:`_place` would not
@@ -231,7 +251,7 @@ class _Cycle:
         victims since the last change (jobs at least that large wait too, whatever their place)."""
         fit = self._fit_failed.get((name, borrow))
         search = self._search_failed.get((name, borrow))
-        if fit is None or search is None or fit[0] != self.epoch or search[0] != self.epoch:
+        if fit is None or search is None or fit[0] != self.epoch or search[0] != self.epoch or self.backlog.has_gangs(name):
             return index
         return self.backlog.next_smaller(name, index, max(fit[1], search[1]))
 
@@ -280,7 +300,10 @@ class _Cycle:
         quota = self.quotas[job.quota]
         if not self._failed_at_most(self._fit_failed, job.quota, borrow, job.gpus):
             if self.usage.fits(job.quota, job.gpus, borrow=borrow):
-                host = None if self.placement is None else self.placement.host_for(job.gpus)
+                placement = self.placement
+                host = None if placement is None else (
+                    placement.host_for(job.gpus) if job.nodes == 1 else placement.hosts_for(job)
+                )
                 if self.placement is None or host is not None:
                     self._hold(job, [], host)  # starts now unless stopping victims still hold the GPUs
                     return True
@@ -306,7 +329,7 @@ class _Cycle:
                 self._preempt(victim, job, reason)
         host = None
         if self.placement is not None:
-            host = self.placement.host_for_preemptor(job, (victim for victim, _ in victims), stopping=True)
+            host = self._preemptor_place(job, (victim for victim, _ in victims), stopping=True)
         self._hold(job, [victim.id for victim, _ in victims if victim.id not in awaited], host, awaited)
         return True
 

@@ -62,15 +62,23 @@ class Decision:
     preempt: list[Preemption] = field(default_factory=list)
     pending: list[Pending] = field(default_factory=list)
     reject: list[Rejection] = field(default_factory=list)
-    hosts: dict[str, str] = field(default_factory=dict)
-    """Admitted job id -> the host it starts on; empty when the state had no hosts."""
+    hosts: dict[str, str | list[str]] = field(default_factory=dict)
+    """Admitted job id -> the host it starts on (a gang's: its hosts, node 0's first); empty when the
+    state had no hosts."""
     placed: bool = False
     """True when the state had hosts: ``to_dict`` then says where each admitted job starts."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "admit": [{"id": i, "host": self.hosts[i]} for i in self.admit] if self.placed else list(self.admit),
+            "admit": [_placed(i, self.hosts[i]) for i in self.admit] if self.placed else list(self.admit),
             "preempt": [p.to_dict() for p in self.preempt],
             "pending": [p.to_dict() for p in self.pending],
             "reject": [r.to_dict() for r in self.reject],
         }
+
+
+def _placed(job_id: str, where: str | list[str]) -> dict[str, Any]:
+    """An admission with hosts: a gang's gives every node's host, ``host`` its node 0's."""
+    if isinstance(where, str):
+        return {"id": job_id, "host": where}
+    return {"id": job_id, "host": where[0], "hosts": list(where)}

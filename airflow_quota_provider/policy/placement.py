@@ -17,6 +17,10 @@ the others': the quota arithmetic may reclaim on other hosts. With one host of t
 the two figures are the queue's physical and logical free GPUs, so the policy decides as it does
 without hosts. The quota arithmetic (capacity, borrowing, lending) stays queue-wide, in GPUs; a job
 starts when both it and a host allow it.
+
+A gang (a job of several nodes) needs one host per node, all different, each with its GPUs per node
+(:meth:`Placement.hosts_for`): the fullest that fit, within one rack or else one zone where hosts
+carry those labels; it is admitted, held or preempted for on all of them at once, never on part.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from airflow_quota_provider.policy.jobs import Host, Job
 _HOSTS_SHOWN = 4
 """Hosts a fragmentation reason lists by name (most free first); a fleet has hundreds."""
 
+_TOPOLOGY = ("rack", "zone")
+"""Host labels a gang keeps its nodes within, narrowest first."""
+
 
 class Placement:
     """Free GPUs per host during one decision."""
@@ -40,15 +47,26 @@ class Placement:
         gpus = self.gpus = {host.name: host.gpus for host in hosts}
         now = self.free_now = dict(gpus)
         settled = self.free_settled = dict(gpus)
-        job = None
+        job = host = None
         try:
             for job in running:
-                host, used = job.host, job.gpus
-                now[host] -= used
-                if job.preempted_for is None:
-                    settled[host] -= used
+                if job.nodes == 1:
+                    host, used = job.host, job.gpus
+                    now[host] -= used
+                    if job.preempted_for is None:
+                        settled[host] -= used
+                    continue
+                used = job.gpus_per_node
+                for host in job.hosts:
+                    now[host] -= used
+                    if job.preempted_for is None:
+                        settled[host] -= used
         except KeyError:
-            raise ValueError(f"running job {job.id!r} is on host {job.host!r}, not one of {', '.join(gpus)}") from None
+            raise ValueError(f"running job {job.id!r} is on host {host!r}, not one of {', '.join(gpus)}") from None
+        self.labels = {
+            label: {host.name: getattr(host, label) for host in hosts if getattr(host, label) is not None}
+            for label in _TOPOLOGY
+        }
         self.down = {host.name for host in hosts if host.down}
         for name in self.down:  # nothing starts or waits there until it is back
             now[name] = min(now[name], 0)
@@ -100,12 +118,7 @@ class Placement:
         same host.
         """
         gpus = preemptor.gpus
-        freed: dict[str, int] = defaultdict(int)
-        own: set[str] = set()
-        for victim in victims:
-            freed[victim.host] += victim.gpus
-            if victim.quota == preemptor.quota:
-                own.add(victim.host)
+        freed, own = _freed_by(preemptor, victims)
         if len(own) > 1:
             return None
         best: tuple | None = None
@@ -119,6 +132,94 @@ class Placement:
             return best[2]
         return None if own else self.host_for(gpus)
 
+    # -- gangs: one host per node, all or nothing ------------------------------------------------
+
+    def hosts_for(self, gang: Job) -> tuple[str, ...] | None:
+        """Where a gang that fits its quota goes: :meth:`host_for` for each node at once, on as many
+        different hosts (:meth:`_pick`): with room now, else once stopping jobs are gone; else None."""
+        per = gang.gpus_per_node
+        hosts = self._pick(per, gang.nodes, {name: self.free(name) for name in self.names})
+        if hosts is None:
+            hosts = self._pick(per, gang.nodes, self.free_settled)
+        return hosts
+
+    def hosts_for_preemptor(self, preemptor: Job, victims: Iterable[Job], *, stopping: bool) -> tuple[str, ...] | None:
+        """:meth:`host_for_preemptor` for a gang: its hosts include every host of its own quota's
+        victims (at most one per node), then the hosts its victims free most on, then the best fits."""
+        per, nodes = preemptor.gpus_per_node, preemptor.nodes
+        freed, own = _freed_by(preemptor, victims)
+        if len(own) > nodes:
+            return None
+        room = {
+            name: self.free_settled[name] + (0 if stopping else freed.get(name, 0))
+            for name in self.names if name not in self.down
+        }
+        if any(room.get(name, 0) < per for name in own):
+            return None
+        rest = sorted((-freed.get(name, 0), left - per, name) for name, left in room.items() if left >= per and name not in own)
+        if len(own) + len(rest) < nodes:
+            return None
+        return tuple(sorted(own) + [name for *_, name in rest[:nodes - len(own)]])
+
+    def _pick(self, per: int, nodes: int, room: dict[str, int]) -> tuple[str, ...] | None:
+        """``nodes`` different hosts with ``per`` GPUs of ``room`` each, or None: the fullest first
+        (fewest left after the node, then by name), all of one rack if some rack has enough, else of
+        one zone (the group left fullest), else across the fleet."""
+        fits = sorted((left - per, name) for name, left in room.items() if left >= per and name not in self.down)
+        if len(fits) < nodes:
+            return None
+        for label in _TOPOLOGY:
+            values = self.labels[label]
+            if not values:
+                continue
+            groups: dict[str, list[str]] = defaultdict(list)
+            left_in: dict[str, int] = defaultdict(int)
+            for left, name in fits:
+                value = values.get(name)
+                if value is not None and len(groups[value]) < nodes:
+                    groups[value].append(name)
+                    left_in[value] += left
+            full = [(left_in[value], value) for value, members in groups.items() if len(members) == nodes]
+            if full:
+                return tuple(groups[min(full)[1]])
+        return tuple(name for _, name in fits[:nodes])
+
+    def room_for(self, job: Job, where: str | tuple[str, ...]) -> bool:
+        """Whether ``job``'s GPUs are free now at ``where`` (its host, or a gang's hosts)."""
+        if job.nodes == 1:
+            return self.free(where) >= job.gpus
+        per = job.gpus_per_node
+        return all(self.free(name) >= per for name in where)
+
+    def admit_job(self, job: Job, where: str | tuple[str, ...]) -> None:
+        if job.nodes == 1:
+            self.admit(where, job.gpus)
+        else:
+            for name in where:
+                self.admit(name, job.gpus_per_node)
+
+    def hold_job(self, job: Job, where: str | tuple[str, ...]) -> None:
+        if job.nodes == 1:
+            self.hold(where, job.gpus)
+        else:
+            for name in where:
+                self.hold(name, job.gpus_per_node)
+
+    def hosts_with_at_least(self, gpus: int) -> int:
+        """How many hosts have ``gpus`` GPUs or more, down ones included (they may come back)."""
+        return sum(1 for size in self.gpus.values() if size >= gpus)
+
+    def no_hosts(self, gang: Job) -> str:
+        """Why a gang that fits its quota waits: fewer than ``nodes`` hosts have its GPUs per node free."""
+        per = gang.gpus_per_node
+        free = {name: max(0, self.free(name)) for name in self.names}
+        have = sorted((name for name in self.names if free[name] >= per), key=lambda name: (-free[name], name))
+        shown = ", ".join(have[:_HOSTS_SHOWN]) + (f" and {len(have) - _HOSTS_SHOWN} others" if len(have) > _HOSTS_SHOWN else "")
+        return (
+            f"needs {gang.nodes} hosts with {_gpus(per)} free, {len(have)} {'has' if len(have) == 1 else 'have'}"
+            + (f" ({shown})" if have else "")
+        )
+
     def admit(self, host: str, gpus: int) -> None:
         self._change(host, -gpus, -gpus)
 
@@ -128,7 +229,11 @@ class Placement:
 
     def preempt(self, victim: Job) -> None:
         """``victim`` will stop: its GPUs are free once settled (its preemptor takes them)."""
-        self._change(victim.host, 0, victim.gpus)
+        if victim.nodes == 1:
+            self._change(victim.host, 0, victim.gpus)
+        else:
+            for name in victim.hosts:
+                self._change(name, 0, victim.gpus_per_node)
 
     def _change(self, host: str, now: int, settled: int) -> None:
         old = self.free(host)
@@ -161,3 +266,16 @@ class Placement:
 
 def _gpus(count: int) -> str:
     return f"{count} GPU" if count == 1 else f"{count} GPUs"
+
+
+def _freed_by(preemptor: Job, victims: Iterable[Job]) -> tuple[dict[str, int], set[str]]:
+    """GPUs ``victims`` free per host, and the hosts of those of the preemptor's own quota."""
+    freed: dict[str, int] = defaultdict(int)
+    own: set[str] = set()
+    for victim in victims:
+        per = victim.gpus_per_node
+        for host in victim.placed_on:
+            freed[host] += per
+            if victim.quota == preemptor.quota:
+                own.add(host)
+    return freed, own

@@ -12,6 +12,11 @@ first takes the set it would take without hosts; if that leaves room on some hos
 the one its victims free), it is the answer, so hosts never cost an extra victim that placement does
 not force. Otherwise each host is searched for the set that also makes room there, and the cheapest
 set (:func:`~airflow_quota_provider.policy.ordering.victim_set_order`) wins.
+
+A gang preemptor needs room on as many hosts as it has nodes: when the set without hosts does not
+leave it that, the hosts it lacks are those whose cheapest candidates make room most cheaply, their
+candidates are taken first, then any until the quota arithmetic fits, and the give-back keeps both.
+A gang victim is one victim, and frees its GPUs per node on each of its hosts.
 """
 
 from __future__ import annotations
@@ -69,10 +74,15 @@ def find_victims(
         if not may_find(preemptor.priority, preemptor.gpus, own, quota, usage, borrow=borrow):
             continue
         victims = _minimal_set(preemptor, quota, usage, candidates, borrow=borrow, may_borrow=may_borrow)
-        if victims and placement is not None and placement.host_for_preemptor(
-            preemptor, (victim for victim, _ in victims), stopping=False
-        ) is None:
-            victims = _making_room(preemptor, quota, usage, candidates, placement, borrow=borrow, may_borrow=may_borrow)
+        if victims and placement is not None:
+            chosen = (victim for victim, _ in victims)
+            if preemptor.nodes > 1:
+                if placement.hosts_for_preemptor(preemptor, chosen, stopping=False) is None:
+                    victims = _minimal_set(
+                        preemptor, quota, usage, candidates, borrow=borrow, may_borrow=may_borrow, gang_room=placement
+                    )
+            elif placement.host_for_preemptor(preemptor, chosen, stopping=False) is None:
+                victims = _making_room(preemptor, quota, usage, candidates, placement, borrow=borrow, may_borrow=may_borrow)
         if victims:
             return victims
     return None
@@ -99,20 +109,20 @@ def _making_room(
     for candidate, _ in candidates.for_preemptor(preemptor, quota, usage, borrow=borrow):
         if best is not None and victim_cost(candidate, preemptor, candidates.order) > best_key[0]:
             break
-        host = candidate.host
-        if host in tried or host in placement.down:
-            continue
-        tried.add(host)
-        room = placement.free_settled[host]
-        if room + candidates.gpus_on(host) < preemptor.gpus:
-            continue
-        victims = _minimal_set(
-            preemptor, quota, usage, candidates, borrow=borrow, may_borrow=may_borrow, host=host, room=room
-        )
-        if victims:
-            key = victim_set_order([victim for victim, _ in victims], preemptor, candidates.order)
-            if best is None or key < best_key:
-                best, best_key = victims, key
+        for host in candidate.placed_on:
+            if host in tried or host in placement.down:
+                continue
+            tried.add(host)
+            room = placement.free_settled[host]
+            if room + candidates.gpus_on(host) < preemptor.gpus:
+                continue
+            victims = _minimal_set(
+                preemptor, quota, usage, candidates, borrow=borrow, may_borrow=may_borrow, host=host, room=room
+            )
+            if victims:
+                key = victim_set_order([victim for victim, _ in victims], preemptor, candidates.order)
+                if best is None or key < best_key:
+                    best, best_key = victims, key
     return best
 
 
@@ -144,10 +154,16 @@ def _minimal_set(
     may_borrow: bool = True,
     host: str | None = None,
     room: int = 0,
+    gang_room: Placement | None = None,
 ) -> Victims | None:
     """With ``host``, the victims must also free what its ``room`` (GPUs free once settled) lacks for
     the job: its candidates are taken first, in order, until they do, then any until the quota
     arithmetic fits, and the give-back keeps both conditions.
+
+    With ``gang_room`` (a gang preemptor), candidates are taken in order until the quota arithmetic
+    fits *and* the gang has a host with room for each node
+    (:meth:`~.placement.Placement.hosts_for_preemptor`); the give-back keeps both. A gang victim is
+    one victim wherever its nodes run.
 
     With cohorts, ``levels`` counts the reclaim victims per level of the preemptor's path (0: its
     quota, the level of a victim: the preemptor's side of their lowest common cohort): each level
@@ -165,11 +181,12 @@ def _minimal_set(
         nonlocal freed
         usage.remove(candidate.quota, candidate.gpus)
         chosen.append((candidate, reason))
-        if host is None or candidate.host == host:
-            freed += candidate.gpus
+        freed += _freed_on(candidate, host)
         if levels is not None and reason == PreemptionReason.RECLAIM:
             levels[tree.relation(quota.name, candidate.quota)[0]] += 1
-        return usage.fits(quota.name, preemptor.gpus, borrow=fit_borrow, within=levels)
+        return usage.fits(quota.name, preemptor.gpus, borrow=fit_borrow, within=levels) and (
+            gang_room is None or gang_room.hosts_for_preemptor(preemptor, (v for v, _ in chosen), stopping=False) is not None
+        )
 
     fits = False
     chosen_ids: set[str] = set()
@@ -182,9 +199,25 @@ def _minimal_set(
                 fits = quota_fits
                 break
         chosen_ids = {victim.id for victim, _ in chosen}
+    elif gang_room is not None:
+        # Room first on each host the gang lacks (:func:`_gang_targets`), as on one host above.
+        targets = _gang_targets(preemptor, quota, usage, candidates, gang_room, borrow=borrow)
+        if targets is None:
+            return None
+        for target in targets:
+            short = preemptor.gpus_per_node - gang_room.free_settled[target] - sum(_freed_on(v, target) for v, _ in chosen)
+            for candidate, reason in candidates.on_host(preemptor, quota, usage, target, borrow=borrow):
+                if short <= 0:
+                    break
+                if candidate.id not in chosen_ids:
+                    chosen_ids.add(candidate.id)
+                    fits = take(candidate, reason)
+                    short -= _freed_on(candidate, target)
     if freed >= lacking and not fits:
         for candidate, reason in candidates.for_preemptor(preemptor, quota, usage, borrow=borrow):
-            if candidate.id in chosen_ids or (host is not None and candidate.host != host and candidate.quota == quota.name):
+            if candidate.id in chosen_ids or (
+                host is not None and candidate.quota == quota.name and host not in candidate.placed_on
+            ):
                 continue  # its own quota's victims only where it runs (Placement.host_for_preemptor)
             if take(candidate, reason):
                 fits = True
@@ -197,8 +230,14 @@ def _minimal_set(
             level = tree.relation(quota.name, candidate.quota)[0] if levels is not None and reason == PreemptionReason.RECLAIM else None
             if level is not None:
                 levels[level] -= 1
-            here = candidate.gpus if host is None or candidate.host == host else 0
-            if freed - here >= lacking and usage.fits(quota.name, preemptor.gpus, borrow=fit_borrow, within=levels):
+            here = _freed_on(candidate, host)
+            if (
+                freed - here >= lacking
+                and usage.fits(quota.name, preemptor.gpus, borrow=fit_borrow, within=levels)
+                and (gang_room is None or gang_room.hosts_for_preemptor(
+                    preemptor, (v for i, (v, _) in enumerate(chosen) if i != index and i not in given_back), stopping=False
+                ) is not None)
+            ):
                 given_back.add(index)
                 freed -= here
             else:
@@ -209,3 +248,40 @@ def _minimal_set(
     for candidate, _ in chosen:  # restore the snapshot
         usage.add(candidate.quota, candidate.gpus)
     return chosen if fits else None
+
+
+def _freed_on(victim: Job, host: str | None) -> int:
+    """GPUs ``victim`` frees on ``host`` (all of them without one): a gang's node's where it runs one."""
+    if host is None:
+        return victim.gpus
+    if victim.nodes == 1:
+        return victim.gpus if victim.host == host else 0
+    return victim.gpus_per_node if host in victim.hosts else 0
+
+
+def _gang_targets(
+    preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, placement: Placement, *, borrow: bool
+) -> list[str] | None:
+    """The hosts a gang's victims make room on: as many as it lacks hosts with room for a node, those
+    whose cheapest candidates make room most cheaply (:func:`victim_set_order`); None when too few can."""
+    per = preemptor.gpus_per_node
+    settled = placement.free_settled
+    live = [name for name in placement.names if name not in placement.down]
+    need = preemptor.nodes - sum(1 for name in live if settled[name] >= per)
+    if need <= 0:
+        return []
+    costs = []
+    for name in live:
+        lacking = per - settled[name]
+        if lacking <= 0 or lacking > candidates.gpus_on(name):
+            continue
+        taken, freed = [], 0
+        for candidate, _ in candidates.on_host(preemptor, quota, usage, name, borrow=borrow):
+            taken.append(candidate)
+            freed += _freed_on(candidate, name)
+            if freed >= lacking:
+                costs.append((victim_set_order(taken, preemptor, candidates.order), name))
+                break
+    if len(costs) < need:
+        return None
+    return [name for _, name in sorted(costs)[:need]]

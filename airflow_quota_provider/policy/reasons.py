@@ -30,10 +30,14 @@ class Explainer:
         self._borrowers: list[tuple[str, int, int | None]] | None = None
         self._lent: list[int] | None = None
 
-    def held(self, job: Job, victims: list[str], host: str | None = None, awaited: Sequence[Job] = ()) -> str:
-        """A job whose capacity (and, with hosts, GPUs on ``host``) is held while jobs stop, or finish
-        on their own (``awaited``: expected to end before a preemption's grace period would, or within
-        their quota's ``spare_finishing_within_s``, so not preempted)."""
+    def held(
+        self, job: Job, victims: list[str], host: str | tuple[str, ...] | None = None, awaited: Sequence[Job] = ()
+    ) -> str:
+        """A job whose capacity (and, with hosts, GPUs on ``host``, a gang's on its hosts) is held while
+        jobs stop, or finish on their own (``awaited``: expected to end before a preemption's grace
+        period would, or within their quota's ``spare_finishing_within_s``, so not preempted)."""
+        if isinstance(host, tuple):
+            return self._gang_held(job, victims, host, awaited)
         if victims or awaited:
             where = f"; its {job.gpus} GPUs on {host} are held for it" if host is not None else ""
             parts = [f"waiting for preempted jobs to stop: {', '.join(victims)}"] if victims else []
@@ -53,6 +57,16 @@ class Explainer:
             f"{self.usage.physically_free()} free; its capacity is held"
         )
 
+    def _gang_held(self, job: Job, victims: list[str], hosts: tuple[str, ...], awaited: Sequence[Job]) -> str:
+        where = f"its {job.gpus_per_node} GPUs on each of {', '.join(hosts)} are held for it"
+        parts = [f"waiting for preempted jobs to stop: {', '.join(victims)}"] if victims else []
+        if awaited:
+            parts.append(f"waiting for {', '.join(self._expected_end(spared) for spared in awaited)} to finish on their own")
+        if not parts:
+            busy = [name for name in hosts if self.placement.free_now[name] < job.gpus_per_node]
+            parts.append(f"waiting for stopping jobs to release GPUs on {', '.join(busy)}")
+        return "; ".join([*parts, where])
+
     def _expected_end(self, job: Job) -> str:
         """``job`` and when it is expected to end: a spared job may have outlived its estimate (it is
         spared for its quota's ``spare_finishing_within_s`` more)."""
@@ -63,7 +77,7 @@ class Explainer:
 
     def waiting(self, job: Job, *, searched: bool) -> str:
         quota = self.quotas[job.quota]
-        key = (job.quota, job.gpus, searched)
+        key = (job.quota, job.gpus, job.nodes, searched)
         reason = self._cache.get(key)
         if reason is None:
             reason = self._cache[key] = self._compose(job, quota, searched)
@@ -77,7 +91,9 @@ class Explainer:
     def _compose(self, job: Job, quota: Quota, searched: bool) -> str:
         used = self.usage.used[quota.name]
         parts = []
-        if (
+        if job.nodes > 1 and self.placement is not None and self.usage.fits(quota.name, job.gpus, borrow=True):
+            parts.append(self.placement.no_hosts(job))
+        elif (
             self.placement is not None
             and self.usage.fits(quota.name, job.gpus, borrow=True)
             and self.placement.best_fit(job.gpus) is None
@@ -113,7 +129,7 @@ class Explainer:
         rules = f"within_quota {policy.within_quota}, reclaim {policy.reclaim}"
         if policy.borrow_within is not None:
             rules += f", borrow_within max_priority {policy.borrow_within}"
-        where = " on one host" if self.placement is not None else ""
+        where = "" if self.placement is None else " on one host" if job.nodes == 1 else f" on {job.nodes} hosts"
         return f"no preemptible jobs it may preempt would free {job.gpus} GPUs{where} ({rules})"
 
     def _cohort_full(self, job: Job) -> list[str]:

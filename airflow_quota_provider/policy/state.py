@@ -27,7 +27,7 @@ from airflow_quota_provider.policy.config import (
 from airflow_quota_provider.policy.errors import PolicyError
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.fields import Fields
-from airflow_quota_provider.policy.jobs import Host, Job
+from airflow_quota_provider.policy.jobs import MAX_NODES, Host, Job
 from airflow_quota_provider.policy.running import Running
 
 
@@ -77,7 +77,10 @@ class State:
 def _parse_host(data: Any, path: str) -> tuple[Host, str | None]:
     """One ``hosts`` entry, and the job queue it names (``queue`` is optional)."""
     fields = Fields(data, path)
-    host = Host(name=fields.str("name"), gpus=fields.int("gpus", minimum=1), down=fields.bool("down", False))
+    host = Host(
+        name=fields.str("name"), gpus=fields.int("gpus", minimum=1), down=fields.bool("down", False),
+        rack=fields.str("rack", None), zone=fields.str("zone", None),
+    )
     queue = fields.str("queue", None)
     fields.done()
     return host, queue
@@ -121,14 +124,24 @@ def _parse_hosts(fields: Fields, capacity: int) -> tuple[Host, ...] | None:
 def _parse_job(
     data: Any, path: str, quota_names: tuple[str, ...], *, running: bool, host_names: tuple[str, ...] | None = None
 ) -> Job:
-    """One ``running`` or ``pending`` entry; ``host`` is required on running jobs when there are hosts."""
+    """One ``running`` or ``pending`` entry; ``host`` is required on running jobs when there are hosts
+    (a gang's ``hosts``, one per node, node 0's first). ``gpus`` is per host, as a task says it."""
     fields = Fields(data, path)
     job_id = fields.str("id")
     quota = fields.str("quota", choices=quota_names)
+    gpus = fields.int("gpus", minimum=1)
+    nodes = fields.int("nodes", 1, minimum=1)
+    if nodes > MAX_NODES:
+        raise PolicyError(fields.child("nodes"), f"{nodes} is above the maximum {MAX_NODES} hosts of one job")
+    hosts: tuple[str, ...] = ()
+    if running and host_names is not None and nodes > 1:
+        hosts = _parse_gang_hosts(fields, nodes, host_names)
     job = Job(
         id=job_id,
         quota=quota,
-        gpus=fields.int("gpus", minimum=1),
+        gpus=gpus * nodes,
+        nodes=nodes,
+        hosts=hosts,
         priority=fields.int("priority", minimum=None),
         submitted_at=fields.number("submitted_at", minimum=None),
         started_at=fields.number("started_at", minimum=None) if running else None,
@@ -140,12 +153,33 @@ def _parse_job(
         last_checkpoint_at=fields.number("last_checkpoint_at", None, minimum=None, nullable=True),
         expected_runtime_s=fields.number("expected_runtime_s", None, nullable=True),
         preempted_for=fields.str("preempted_for", None) if running else None,
-        host=fields.str("host", choices=host_names) if running and host_names is not None else None,
+        host=hosts[0] if hosts else fields.str("host", choices=host_names) if running and host_names is not None else None,
     )
-    if running and host_names is None and fields.has("host"):
-        raise PolicyError(fields.child("host"), "only allowed when the decision file lists hosts")
+    for key in ("host", "hosts"):
+        if running and host_names is None and fields.has(key):
+            raise PolicyError(fields.child(key), "only allowed when the decision file lists hosts")
+    if not running and fields.has("hosts"):
+        raise PolicyError(fields.child("hosts"), "only allowed on running jobs")
     fields.done()
     return job
+
+
+def _parse_gang_hosts(fields: Fields, nodes: int, host_names: tuple[str, ...]) -> tuple[str, ...]:
+    """A running gang's ``hosts``: ``nodes`` different names of the file's hosts."""
+    if fields.has("host"):
+        raise PolicyError(fields.child("host"), f"a job of {nodes} nodes gives hosts (one per node), not host")
+    items = fields.list("hosts")
+    if len(items) != nodes:
+        raise PolicyError(fields.child("hosts"), f"{len(items)} hosts for {nodes} nodes (one host per node)")
+    known = set(host_names)
+    hosts = []
+    for item, path in items:
+        if not isinstance(item, str) or item not in known:
+            raise PolicyError(path, f"{item!r} is not one of the hosts: {', '.join(host_names)}")
+        if item in hosts:
+            raise PolicyError(path, f"host {item} twice: a gang's nodes are on different hosts")
+        hosts.append(item)
+    return tuple(hosts)
 
 
 def _check_hosts_hold(running: tuple[Job, ...], hosts: tuple[Host, ...]) -> None:
@@ -153,12 +187,13 @@ def _check_hosts_hold(running: tuple[Job, ...], hosts: tuple[Host, ...]) -> None
     gpus = {host.name: host.gpus for host in hosts}
     held = dict.fromkeys(gpus, 0)
     for index, job in enumerate(running):
-        held[job.host] += job.gpus
-        if held[job.host] > gpus[job.host]:
-            raise PolicyError(
-                f"running[{index}].host",
-                f"host {job.host} has {gpus[job.host]} GPUs; its running jobs hold {held[job.host]} with this one",
-            )
+        for host in job.placed_on:
+            held[host] += job.gpus_per_node
+            if held[host] > gpus[host]:
+                raise PolicyError(
+                    f"running[{index}].{'hosts' if job.hosts else 'host'}",
+                    f"host {host} has {gpus[host]} GPUs; its running jobs hold {held[host]} with this one",
+                )
 
 
 def parse_state(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) -> tuple[State, float]:

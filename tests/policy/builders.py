@@ -53,6 +53,18 @@ class StateBuilder:
         self.pending.append(pending(*args, **fields))
         return self
 
+    def wait_gang(self, job_id: str, quota_name: str, gpus_per_node: int, nodes: int, priority: int = 0, **fields) -> StateBuilder:
+        """A waiting gang of ``nodes`` nodes with ``gpus_per_node`` GPUs each (the task's ``gpus``)."""
+        self.pending.append(pending(job_id, quota_name, gpus_per_node * nodes, priority, nodes=nodes, **fields))
+        return self
+
+    def run_gang(self, job_id: str, quota_name: str, gpus_per_node: int, hosts: list[str], priority: int = 0, **fields) -> StateBuilder:
+        """A running gang with one node on each of ``hosts`` (node 0's first)."""
+        self.running.append(running(
+            job_id, quota_name, gpus_per_node * len(hosts), priority, nodes=len(hosts), host=hosts[0], hosts=tuple(hosts), **fields
+        ))
+        return self
+
     def build(self) -> State:
         hosts = None if self.hosts is None else tuple(self.hosts)
         return State(self.capacity, tuple(self.quotas), tuple(self.running), tuple(self.pending), hosts, tuple(self.cohorts))

@@ -1,0 +1,137 @@
+"""Invariants of ``decide`` with gangs (multi-host jobs) over generated queues (hypothesis): no
+partial admission, no host over its GPUs, gang victims whole, the quota arithmetic on every node's
+GPUs, rejections exactly where the fleet cannot hold a gang, and determinism.
+
+The states are those of :func:`tests.policy.test_properties.host_states` with gangs added: running
+gangs with one node on each of 2-3 different hosts, waiting gangs of 2-4 nodes, hosts in racks.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from airflow_quota_provider.policy import Host, Job, State, decide
+from tests.policy.test_properties import NOW, balanced, host_states, logical_end
+
+_HELD_ON = re.compile(r"GPUs on (\S+?)[: ]")
+_GANG_HELD_ON = re.compile(r"GPUs on each of (.+?) are held for it")
+
+
+@st.composite
+def gang_states(draw) -> State:
+    """:func:`host_states` plus gangs, on 2-5 hosts that may carry rack labels."""
+    state = draw(host_states(tree=draw(st.booleans())))
+    hosts = list(state.hosts)
+    for index in range(draw(st.integers(0, 3))):
+        hosts.append(Host(f"g{index}", draw(st.integers(1, 8))))
+    if draw(st.booleans()):
+        hosts = [replace(host, rack=f"r{draw(st.integers(0, 1))}") for host in hosts]
+    free = {h.name: h.gpus for h in hosts}
+    for job in state.running:
+        free[job.host] -= job.gpus
+    used = {q.name: 0 for q in state.quotas}
+    for job in state.running:
+        if job.preempted_for is None:
+            used[job.quota] += job.gpus
+    by_name = {q.name: q for q in state.quotas}
+    capacity = max(state.capacity, sum(h.gpus for h in hosts))
+    running = list(state.running)
+    for index in range(draw(st.integers(0, 3)) if len(free) > 1 else 0):
+        per = draw(st.integers(1, 4))
+        names = draw(st.lists(st.sampled_from(sorted(free)), min_size=2, max_size=3, unique=True))
+        quota = draw(st.sampled_from(sorted(by_name)))
+        stopping = f"p{draw(st.integers(0, 7))}" if draw(st.integers(0, 5)) == 0 else None
+        trial = dict(used, **{quota: used[quota] + per * len(names)})
+        if any(free[name] < per for name in names) or (stopping is None and not balanced(trial, by_name, capacity, cohorts=state.cohorts)):
+            continue
+        for name in names:
+            free[name] -= per
+        if stopping is None:
+            used = trial
+        running.append(Job(
+            id=f"rg{index}", quota=quota, gpus=per * len(names), priority=draw(st.integers(0, 5)),
+            submitted_at=0.0, started_at=float(draw(st.integers(0, 100))), preemptible=draw(st.booleans()),
+            preempted_for=stopping, host=names[0], hosts=tuple(names), nodes=len(names),
+        ))
+    pending = list(state.pending)
+    for index in range(draw(st.integers(1, 3))):
+        nodes, per = draw(st.integers(2, 4)), draw(st.integers(1, 8))
+        pending.append(Job(
+            id=f"pg{index}", quota=draw(st.sampled_from(sorted(by_name))), gpus=per * nodes, nodes=nodes,
+            priority=draw(st.integers(0, 5)), submitted_at=float(draw(st.integers(0, 100))),
+        ))
+    return replace(state, capacity=capacity, hosts=tuple(hosts), running=tuple(running), pending=tuple(pending))
+
+
+def _each_node(job: Job, where) -> list[tuple[str, int]]:
+    return [(where, job.gpus)] if isinstance(where, str) else [(name, job.gpus_per_node) for name in where]
+
+
+@given(gang_states())
+def test_no_gang_starts_in_part_and_no_host_ever_holds_more_gpus_than_it_has(state):
+    decision = decide(state, NOW)
+    gpus = {h.name: h.gpus for h in state.hosts}
+    jobs = {job.id: job for job in state.pending}
+    now = dict.fromkeys(gpus, 0)
+    settled = dict.fromkeys(gpus, 0)
+    stopping = {p.id for p in decision.preempt} | {j.id for j in state.running if j.preempted_for is not None}
+    for job in state.running:
+        for name in job.placed_on:
+            now[name] += job.gpus_per_node
+            if job.id not in stopping:
+                settled[name] += job.gpus_per_node
+    for job_id in decision.admit:
+        job, where = jobs[job_id], decision.hosts[job_id]
+        if job.nodes > 1:
+            assert isinstance(where, list) and len(set(where)) == job.nodes, (job_id, where)
+        for name, held in _each_node(job, where):
+            now[name] += held
+            settled[name] += held
+    for pending in decision.pending:
+        if pending.reason.startswith("waiting for"):
+            job = jobs[pending.id]
+            if job.nodes > 1:
+                where = _GANG_HELD_ON.search(pending.reason).group(1).split(", ")
+                assert len(set(where)) == job.nodes, pending.reason
+            else:
+                where = _HELD_ON.search(pending.reason).group(1)
+            for name, held in _each_node(job, where):
+                settled[name] += held
+    assert all(now[name] <= gpus[name] for name in gpus), (now, decision)
+    assert all(settled[name] <= gpus[name] for name in gpus), (settled, decision)
+
+
+@given(gang_states())
+def test_gangs_count_every_nodes_gpus_and_a_gang_victim_is_preempted_once(state):
+    decision = decide(state, NOW)
+    assert balanced(logical_end(state, decision), {q.name: q for q in state.quotas}, state.capacity, cohorts=state.cohorts)
+    victims = [p.id for p in decision.preempt]
+    assert len(victims) == len(set(victims))
+
+
+@given(gang_states())
+def test_a_gang_is_rejected_exactly_when_too_few_hosts_could_ever_hold_a_node(state):
+    decision = decide(state, NOW)
+    rejected = {r.id for r in decision.reject}
+    for job in state.pending:
+        if job.nodes > 1:
+            enough = sum(1 for h in state.hosts if h.gpus >= job.gpus_per_node)
+            if enough < job.nodes:
+                assert job.id in rejected
+            elif job.id in rejected:
+                assert "can never hold" in next(r.reason for r in decision.reject if r.id == job.id)
+
+
+@given(gang_states(), st.randoms())
+def test_with_gangs_the_same_input_always_gives_the_same_decision(state, rng: random.Random):
+    decision = decide(state, NOW).to_dict()
+    shuffled = [list(state.running), list(state.pending), list(state.hosts)]
+    for items in shuffled:
+        rng.shuffle(items)
+    state = replace(state, running=tuple(shuffled[0]), pending=tuple(shuffled[1]), hosts=tuple(shuffled[2]))
+    assert decide(state, NOW).to_dict() == decision
