@@ -3,7 +3,10 @@
 A task's quota is its pool, its GPUs its ``pool_slots``, its priority its ``priority_weight``;
 ``executor_config["quota"]`` (:class:`~airflow_quota_provider.protocol.QuotaTaskConfig`) may name
 others and carry ``preemptible``, ``max_preemptions``, ``grace_period_s`` and
-``expected_runtime_s`` (else estimated from the task's history, :mod:`.runtimes`).
+``expected_runtime_s`` (else estimated from the task's history, :mod:`.runtimes`). A task asking
+for several hosts (``nodes`` > 1, a gang) fails when queued: this executor does not launch gangs yet
+(issue 32), and running one as a single process would hand it one host's GPUs while its quota
+counts every node's.
 
 Every heartbeat, :meth:`QuotaExecutor.sync` rebuilds the state from the provider's tables, asks the
 policy core what to do for each job queue, and acts: it launches admitted jobs on their devices,
@@ -46,7 +49,7 @@ from airflow.executors.executor_loader import ExecutorLoader
 from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
 from airflow.utils.session import create_session
-from airflow_quota_provider.executors.act import Actor
+from airflow_quota_provider.executors.act import Actor, reject
 from airflow_quota_provider.executors.config import LAUNCHERS, MANAGED_POOL, QuotaConfig, discover_devices, state_dir
 from airflow_quota_provider.executors.cycle import Cycle
 from airflow_quota_provider.executors.estimates import StartEstimates
@@ -57,7 +60,7 @@ from airflow_quota_provider.metrics import GpuSecondsMeter, emit_metrics
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.coordination import POOLS, db_now, lock
 from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, Report, record_config_loaded, record_event
-from airflow_quota_provider.protocol import QuotaTaskConfig
+from airflow_quota_provider.protocol import MAX_NODES, QuotaTaskConfig
 from airflow_quota_provider.quota_file import QuotaConfigError
 
 if TYPE_CHECKING:
@@ -353,9 +356,13 @@ class QuotaExecutor(BaseExecutor):
 
     def _submit(self, workload: workloads.ExecuteTask, session: Session) -> QuotaJob:
         """Create the job for a newly queued task, or give a known job (preempted, revoked) its new
-        workload while it keeps its place."""
+        workload while it keeps its place. A task this executor can never run as asked
+        (:func:`_refusal`) is recorded with what it asked, then rejected as the policy's rejections
+        are: its task fails with the reason, the scheduler goes on."""
         ti = workload.ti
         asked = QuotaTaskConfig.from_executor_config(ti.executor_config)
+        nodes = 1 if asked.nodes is None else asked.nodes
+        refusal = _refusal(nodes)
         pool = session.scalar(select(TaskInstance.pool).where(TaskInstance.id == ti.id)) or ""
         quota = asked.quota or (pool if pool != Pool.DEFAULT_POOL_NAME else "") or conf.get("quota", "default_quota", fallback="")
         # Locked until the scheduler commits: the other scheduler may be settling this job (a
@@ -363,20 +370,25 @@ class QuotaExecutor(BaseExecutor):
         job = self._job_for_key(ti.key, session, lock=True) or QuotaJob(
             dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=ti.map_index, try_number=ti.try_number
         )
+        now = db_now(session)
         transitions.submit(
             job,
             workload=workload.model_dump_json(),
             ti_id=str(ti.id),
             quota=str(quota),
-            gpus=ti.pool_slots if asked.gpus is None else asked.gpus,
+            gpus=_total_gpus(ti.pool_slots, asked.gpus, nodes),
             priority=ti.priority_weight if asked.priority is None else asked.priority,
             preemptible=asked.preemptible,
             max_preemptions=asked.max_preemptions,
             grace_period_s=asked.grace_period_s,
             expected_runtime_s=self._runtimes.expected(ti.dag_id, ti.task_id, asked.expected_runtime_s, session=session),
-            now=db_now(session),
+            now=now,
             session=session,
         )
+        # In the scheduler's transaction, so the task instance it has just queued fails as it commits;
+        # a stopping job (its task queued again early) is not waiting and keeps its state.
+        if refusal is not None and job.state == JobState.PENDING.value:
+            reject(job, refusal, Cycle(session, now, self.quota_file, locked=frozenset(), scheduler_job=self.job_id))
         return job
 
     def _reload_quota_file(self, session: Session) -> bool:
@@ -414,3 +426,23 @@ class QuotaExecutor(BaseExecutor):
         with create_session() as session:
             for job in session.scalars(select(QuotaJob).where(QuotaJob.state != JobState.FINISHED.value)):
                 self.log.info("quota job %s", json.dumps(job.to_dict(), default=str))
+
+
+def _refusal(nodes: int) -> str | None:
+    """Why this executor can never run a task on ``nodes`` hosts, naming the field; None if it can.
+    Until gangs are launched (issue 32) a gang would run as one process with one host's GPUs while
+    its quota counts every node's, so it fails instead."""
+    if not 1 <= nodes <= MAX_NODES:
+        return f"nodes: {nodes} is not between 1 and {MAX_NODES}"
+    if nodes > 1:
+        return f"nodes: {nodes} hosts asked; this QuotaExecutor does not launch jobs on several hosts yet (issue 32): use nodes=1"
+    return None
+
+
+def _total_gpus(pool_slots: int, gpus: int | None, nodes: int) -> int:
+    """All the GPUs a task asks for: ``gpus`` (per host) times its hosts when ``executor_config``
+    names them, else its pool slots (the operators write ``gpus`` x ``nodes`` there). A ``nodes``
+    out of range counts one host: the task is refused anyway."""
+    if gpus is None:
+        return pool_slots
+    return gpus * nodes if 1 <= nodes <= MAX_NODES else gpus

@@ -105,21 +105,29 @@ def parts(db, config, clock) -> Parts:
     )
 
 
-def _queued(db: Session, task_id: str, *, quota: str = "team-a", priority: int = 1) -> QuotaJob:
-    """A task Airflow has just queued, and its job as the executor records it."""
+def _airflow_queues(
+    db: Session, task_id: str, *, quota: str, priority: int, pool_slots: int = 1, executor_config: dict | None = None
+) -> workloads.ExecuteTask:
+    """A task Airflow has just queued (its task instance row) and the workload it hands the executor."""
     ti_id = uuid.uuid4()
     db.execute(insert(TaskInstance.__table__).values(
         id=ti_id, dag_id="d", run_id="r", task_id=task_id, map_index=-1, try_number=1, state=TaskInstanceState.QUEUED,
-        pool=quota, queued_by_job_id=SCHEDULER_JOB,
+        pool=quota, pool_slots=pool_slots, queued_by_job_id=SCHEDULER_JOB,
     ))
-    workload = workloads.ExecuteTask(
+    return workloads.ExecuteTask(
         token="", dag_rel_path="d.py", bundle_info={"name": "dags"}, log_path=f"{task_id}.log",
         ti={"id": ti_id, "task_id": task_id, "dag_id": "d", "run_id": "r", "try_number": 1,
-            "dag_version_id": uuid.uuid4(), "pool_slots": 1, "priority_weight": priority},
+            "dag_version_id": uuid.uuid4(), "pool_slots": pool_slots, "priority_weight": priority,
+            "executor_config": executor_config},
     )
+
+
+def _queued(db: Session, task_id: str, *, quota: str = "team-a", priority: int = 1) -> QuotaJob:
+    """A task Airflow has just queued, and its job as the executor records it."""
+    workload = _airflow_queues(db, task_id, quota=quota, priority=priority)
     job = QuotaJob(dag_id="d", run_id="r", task_id=task_id, map_index=-1, try_number=1)
     transitions.submit(
-        job, workload=workload.model_dump_json(), ti_id=str(ti_id), quota=quota, gpus=1, priority=priority,
+        job, workload=workload.model_dump_json(), ti_id=str(workload.ti.id), quota=quota, gpus=1, priority=priority,
         preemptible=True, max_preemptions=None, grace_period_s=None, expected_runtime_s=None, now=time.time(), session=db,
     )
     return job
@@ -269,3 +277,34 @@ def test_a_job_whose_task_was_cleared_while_it_waited_is_dropped_and_released(db
         ("cleared_while_waiting", Report.RELEASED)
     ]
     assert job.report is None, "released once"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "gpus", "reason"),
+    [
+        pytest.param(
+            4, 32,
+            "nodes: 4 hosts asked; this QuotaExecutor does not launch jobs on several hosts yet (issue 32): use nodes=1",
+            id="a gang is recorded with all its GPUs and refused",
+        ),
+        pytest.param(0, 8, "nodes: 0 is not between 1 and 1024", id="a hand-written nodes out of range is refused"),
+    ],
+)
+def test_a_task_asking_for_several_hosts_fails_naming_nodes_until_gangs_are_launched(
+    db, parts, executor_for, nodes, gpus, reason
+):
+    """Run as one process, a gang would get one host's 8 GPUs while its quota counts them all: it
+    fails when queued instead, its job recorded with what it asked, and the executor stops counting it."""
+    executor = executor_for(QUOTAS)
+    workload = _airflow_queues(
+        db, "gang", quota="team-a", priority=60, pool_slots=8 * max(nodes, 1),
+        executor_config={"quota": {"gpus": 8, "nodes": nodes}},
+    )
+    executor.queue_workload(workload, db)
+    job = db.scalar(select(QuotaJob).where(QuotaJob.task_id == "gang"))
+    assert (job.state, job.gpus, job.message, _ti_state(db, job)) == (
+        JobState.FAILED.value, gpus, reason, TaskInstanceState.FAILED
+    )
+    assert _events(db, job) == ["submitted", "rejected"]
+    assert workload.ti.key in executor.running
+    assert [(key.task_id, report) for key, report in parts.reconciler.reports(parts.cycle())] == [("gang", Report.RELEASED)]
