@@ -5,6 +5,7 @@ test's own with the provider's tables."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 
@@ -13,7 +14,7 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import sessionmaker
 
 from airflow_quota_provider.cli.worker_command import _beat
-from airflow_quota_provider.executors.local_launcher import LocalLauncher
+from airflow_quota_provider.executors.local_launcher import LEFTOVER_WAIT_S, LocalLauncher
 from airflow_quota_provider.models.base import quota_metadata
 from airflow_quota_provider.models.host import (
     HostState,
@@ -24,6 +25,7 @@ from airflow_quota_provider.models.host import (
     register_host,
     start_launch,
 )
+from tests.executors.test_leftovers import JOB, held_launch
 
 HOST = "gpu-a"
 
@@ -107,6 +109,19 @@ def test_a_lost_host_ends_its_evicted_launches_before_its_gpus_return(db, launch
     assert db.get(QuotaHost, HOST).state == HostState.ACTIVE.value
 
 
+def test_a_lost_host_whose_evicted_launch_outlives_sigkill_stays_lost(db, tmp_path):
+    """Its GPUs stay out of the pool, and the next heartbeat tries again (the heartbeat thread logs
+    the error). The wait is ``LEFTOVER_WAIT_S`` (60 s): this test takes that long."""
+    with held_launch(tmp_path / "host", JOB):
+        db.get(QuotaHost, HOST).heartbeat_at = 0.0
+        assert [h.name for h in mark_lost_hosts(30.0, now=100.0, session=db)] == [HOST]
+        db.commit()
+        with pytest.raises(TimeoutError, match=re.escape(f"launches of jobs [{JOB}] still run")):
+            _beat(HOST, LocalLauncher(tmp_path / "host", cgroups=False))
+    db.expire_all()
+    assert db.get(QuotaHost, HOST).state == HostState.LOST.value
+
+
 @pytest.mark.parametrize("name", ["gpu-a\nforged log line", "gpu-a\x1b[31m", "../etc", "gpu a", "", ".gpu", "gpu\u202e"])
 def test_a_host_name_that_is_not_a_dns_name_is_refused_before_the_worker_starts(name):
     """A host's name becomes a Celery queue, a folder and words in logs and the UI."""
@@ -115,3 +130,20 @@ def test_a_host_name_that_is_not_a_dns_name_is_refused_before_the_worker_starts(
         capture_output=True, text=True, timeout=120, env={**os.environ, "AIRFLOW__QUOTA__QUOTA_FILE": ""},
     )
     assert result.returncode == 1 and "--hostname:" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_worker_whose_leftover_launch_outlives_sigkill_exits_2_before_it_hands_out_its_gpus(tmp_path):
+    """A host registers (hands out its GPUs) only once none of its recorded launches lives: one that
+    SIGKILL does not end within the worker's wait stops the worker with exit code 2, naming the job.
+    The wait is ``LEFTOVER_WAIT_S`` (60 s), which no option shortens: this test takes that long."""
+    with held_launch(tmp_path / f"host-{HOST}", JOB):
+        result = subprocess.run(
+            ["airflow", "quota", "worker", "--queues", "gpu-fleet", "--virtual-gpus", "1", "--hostname", HOST],
+            capture_output=True, text=True, timeout=LEFTOVER_WAIT_S + 120,
+            env={**os.environ, "AIRFLOW__QUOTA__QUOTA_FILE": "", "AIRFLOW__QUOTA__STATE_DIR": str(tmp_path)},
+        )
+    expected = (
+        f"Error: host {HOST}: launches of jobs [{JOB}] still run {LEFTOVER_WAIT_S:g} s after SIGKILL; "
+        "its GPUs are not handed out"
+    )
+    assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, result.stderr

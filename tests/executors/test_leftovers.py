@@ -67,8 +67,8 @@ def held_launch(state_dir: Path, job_id: int, *, hold_s: float = 600.0) -> Itera
     os.close(ready_w)
     os.close(release_r)
     try:
-        with os.fdopen(ready_r) as ready:
-            said = ready.readline().strip()
+        with os.fdopen(ready_r) as ready:  # the launch holds this pipe too: a debugger that failed never closes it
+            said = ready.readline().strip() if select.select([ready], [], [], 30)[0] else ""
         if said.startswith("no debugger"):
             pytest.skip(f"{said}: this machine does not let a process trace its child")
         if not said.isdigit():
@@ -100,24 +100,27 @@ def _debug(state_dir: Path, job_id: int, hold_s: float, *, ready: int, release: 
         event = status >> 16
         if event == PTRACE_EVENT_EXIT:
             select.select([release], [], [], hold_s)
-            _ptrace(PTRACE_CONT, guard)
-        elif event == 0:  # a signal on its way: deliver it
-            _ptrace(PTRACE_CONT, guard, os.WSTOPSIG(status))
-        # else a group stop (the SIGSTOP delivered): it stays stopped, as without a debugger
+        elif event:
+            continue  # a group stop (the SIGSTOP delivered): it stays stopped, as without a debugger
+        with contextlib.suppress(ProcessLookupError):  # SIGKILL took it out of a signal's stop: it goes on to its exit
+            _ptrace(PTRACE_CONT, guard, 0 if event else os.WSTOPSIG(status))
 
 
-def _wait_for_exit(pid: int, timeout_s: float = 30.0) -> None:
-    """Reap our child ``pid``; SIGKILL it if it is not gone within ``timeout_s``."""
+def _wait_for_exit(debugger: int, timeout_s: float = 30.0) -> None:
+    """Reap the debugger, and fail the test if it failed: a debugger that let go early makes a
+    launch die of SIGKILL after all."""
     deadline = time.monotonic() + timeout_s
     try:
-        while not os.waitpid(pid, os.WNOHANG)[0]:
+        while not (status := os.waitpid(debugger, os.WNOHANG))[0]:
             if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                pytest.fail(f"the debugger {pid} did not exit")
+                os.kill(debugger, signal.SIGKILL)
+                os.waitpid(debugger, 0)
+                pytest.fail(f"the debugger {debugger} did not exit")
             time.sleep(0.05)
     except ChildProcessError:
-        pass  # reaped already (end_leftovers reaps this process's children)
+        return  # reaped already (end_leftovers reaps this process's children)
+    if os.waitstatus_to_exitcode(status[1]) != 0:
+        pytest.fail("the debugger failed (its traceback is in the captured stderr)")
 
 
 def test_a_launch_that_outlives_sigkill_is_named_and_the_host_is_not_proven_free(tmp_path):
