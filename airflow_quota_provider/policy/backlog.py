@@ -26,7 +26,7 @@ Entry = tuple[tuple, "Job"]
 class Backlog:
     """Waiting jobs by quota, each quota's list in queue order (priority, then FIFO)."""
 
-    __slots__ = ("_entries", "_jobs", "_sizes", "_priorities", "_span", "_gangs")
+    __slots__ = ("_entries", "_jobs", "_sizes", "_priorities", "_span", "_gangs", "_singles")
 
     def __init__(self, jobs: Iterable[Job] = ()) -> None:
         self._entries: dict[str, list[Entry]] = {}
@@ -37,8 +37,10 @@ class Backlog:
         self._span: dict[str, tuple[int, int]] = {}
         """:meth:`smallest` and :meth:`largest` per quota, until its jobs change (a cycle asks them for
         every quota it skips)."""
-        self._gangs: dict[str, int] = {}
-        """Per quota with some, how many of its jobs are gangs (:meth:`has_gangs`)."""
+        self._gangs: dict[str, dict[tuple[int, int], int]] = {}
+        """Per quota with some, how many of its gangs ask for each ``(GPUs per node, nodes)``."""
+        self._singles: dict[str, dict[int, int]] = {}
+        """Per quota with gangs waiting, how many of its other jobs ask for each number of GPUs."""
         for job in jobs:
             self._count(job)
             key = queue_order(job)
@@ -62,7 +64,18 @@ class Backlog:
         by_priority[job.priority] = by_priority.get(job.priority, 0) + 1
         self._span.pop(job.quota, None)
         if job.nodes > 1:
-            self._gangs[job.quota] = self._gangs.get(job.quota, 0) + 1
+            shapes = self._gangs.get(job.quota)
+            if shapes is None:  # the quota's first gang: count its other jobs by size from now on
+                shapes = self._gangs[job.quota] = {}
+                sizes = self._singles[job.quota] = {}
+                for _, other in self._entries.get(job.quota, ()):
+                    if other.nodes == 1:
+                        sizes[other.gpus] = sizes.get(other.gpus, 0) + 1
+            shape = (job.gpus_per_node, job.nodes)
+            shapes[shape] = shapes.get(shape, 0) + 1
+        elif job.quota in self._singles:
+            sizes = self._singles[job.quota]
+            sizes[job.gpus] = sizes.get(job.gpus, 0) + 1
 
     def add(self, job: Job) -> None:
         self._count(job)
@@ -86,9 +99,18 @@ class Backlog:
         if not by_priority[job.priority]:
             del by_priority[job.priority]
         if job.nodes > 1:
-            self._gangs[job.quota] -= 1
-            if not self._gangs[job.quota]:
-                del self._gangs[job.quota]
+            shapes = self._gangs[job.quota]
+            shape = (job.gpus_per_node, job.nodes)
+            shapes[shape] -= 1
+            if not shapes[shape]:
+                del shapes[shape]
+                if not shapes:
+                    del self._gangs[job.quota], self._singles[job.quota]
+        elif job.quota in self._singles:
+            sizes = self._singles[job.quota]
+            sizes[job.gpus] -= 1
+            if not sizes[job.gpus]:
+                del sizes[job.gpus]
         if not entries:
             del self._entries[job.quota], self._sizes[job.quota], self._priorities[job.quota]
         return job
@@ -149,6 +171,14 @@ class Backlog:
     def has_gangs(self, quota: str) -> bool:
         """Whether some waiting job of ``quota`` spans hosts: sizes then say nothing of fitting hosts."""
         return quota in self._gangs
+
+    def gang_shapes(self, quota: str) -> list[tuple[int, int]]:
+        """The ``(GPUs per node, nodes)`` of ``quota``'s waiting gangs (a few distinct ones)."""
+        return list(self._gangs.get(quota, ()))
+
+    def largest_single(self, quota: str) -> int:
+        """The most GPUs one of ``quota``'s waiting jobs on one host asks for (0: none), with gangs waiting."""
+        return max(self._singles[quota], default=0)
 
     def highest_priority(self, quota: str) -> int:
         return max(self._priorities[quota])

@@ -99,8 +99,8 @@ def rejection_reason(
             enough = sum(1 for host in state.hosts if host.gpus >= per)
             if enough < job.nodes:
                 return (
-                    f"asks for {job.nodes} hosts with {per} GPUs each; this job queue has {enough} "
-                    f"{'host' if enough == 1 else 'hosts'} of at least {per} GPUs"
+                    f"asks for {job.nodes} hosts with {per} {'GPU' if per == 1 else 'GPUs'} each; this job queue has "
+                    f"{enough} {'host' if enough == 1 else 'hosts'} of at least {per} {'GPU' if per == 1 else 'GPUs'}"
                 )
             return None
         if largest_host is None:
@@ -129,10 +129,10 @@ class _Cycle:
         """Held jobs: capacity is theirs, GPUs not yet free; the victims they wait for and the host
         their GPUs are reserved on (None without hosts)."""
         self.awaiting: dict[str, list[str]] = {}
+        """Held jobs waiting for running jobs expected to finish within their grace period (spared)."""
         self.reserving: dict[str, str] = {}
         """Quotas with a job held for GPUs that are not free yet (victims stopping, jobs finishing),
         and the first such job: their jobs behind it do not borrow (:meth:`_borrowing_pass`)."""
-        """Held jobs waiting for running jobs expected to finish within their grace period (spared)."""
         self.epoch = 0
         """Counts the changes that can make a failed fit or search succeed (preemptions, a quota
         starting to borrow); failures memoised at one epoch stay failures until the next."""
@@ -164,13 +164,20 @@ class _Cycle:
         rejected: list[tuple[tuple, Rejection]] = []
         largest_host = None if self.placement is None else self.placement.largest
         most_of = ever_fits_each(self.state.quotas, self.state.capacity, self.state.cohorts)
-        for name in self.backlog.quotas():
+        backlog = self.backlog
+        for name in backlog.quotas():
             quota = self.quotas[name]
             most = most_of[name]
-            if self.backlog.largest(name) <= (most if largest_host is None else min(most, largest_host)) and (
-                quota.max_priority is None or self.backlog.highest_priority(name) <= quota.max_priority
-            ) and (largest_host is None or not self.backlog.has_gangs(name)):
-                continue
+            if quota.max_priority is None or backlog.highest_priority(name) <= quota.max_priority:
+                if largest_host is None or not backlog.has_gangs(name):
+                    if backlog.largest(name) <= (most if largest_host is None else min(most, largest_host)):
+                        continue
+                elif (
+                    backlog.largest(name) <= most
+                    and backlog.largest_single(name) <= largest_host
+                    and all(nodes <= self.placement.hosts_with_at_least(per) for per, nodes in backlog.gang_shapes(name))
+                ):
+                    continue
             for key, job in self.backlog.entries(name):
                 reason = rejection_reason(job, quota, self.state, most, largest_host)
                 if reason is not None:
@@ -232,6 +239,8 @@ class _Cycle:
             self.reserving.setdefault(job.quota, job.id)
 
     def _remember_no(self, memo: dict, job: Job, borrow: bool) -> None:
+        if job.nodes > 1:
+            return  # a gang fits hosts by its GPUs per node: its failure says nothing of larger jobs
         seen = memo.get((job.quota, borrow))
         if seen is None or seen[0] != self.epoch or job.gpus < seen[1]:
             memo[(job.quota, borrow)] = (self.epoch, job.gpus)
@@ -240,10 +249,10 @@ class _Cycle:
         """Whether a job of quota ``name`` with at most ``gpus`` failed since the last change.
 
         Within one pass a quota's jobs come in queue order, and fitting is monotone in GPUs: a job at
-        least as large as one that failed, with nothing changed since, fails too. Not with gangs
-        waiting: a gang fits hosts by its GPUs per node, so a quota with one is never skipped."""
+        least as large as one that failed, with nothing changed since, fails too. Only jobs on one
+        host are remembered and skipped: a gang fits hosts by its GPUs per node, whatever its size."""
         seen = memo.get((name, borrow))
-        return seen is not None and seen[0] == self.epoch and seen[1] <= gpus and not self.backlog.has_gangs(name)
+        return seen is not None and seen[0] == self.epoch and seen[1] <= gpus
 
     def _next_open(self, name: str, borrow: bool, index: int) -> int:
         """The position of quota ``name``'s first job from ``index`` on that :meth:`_place` would not
@@ -270,18 +279,17 @@ class _Cycle:
         if not borrow and self.usage.used[name] >= quota.capacity:
             return True  # neither fits within its capacity nor may search phase 1: borrowing pass
         smallest = self.backlog.smallest(name)
+        failed_at_most = self._failed_at_most if not self.backlog.has_gangs(name) else _never_failed
         if borrow and self.usage.tree is not None:
-            return self._failed_at_most(self._fit_failed, name, borrow, smallest) and (
-                not _rules_allow_victims(quota, borrow) or self._failed_at_most(self._search_failed, name, borrow, smallest)
+            return failed_at_most(self._fit_failed, name, borrow, smallest) and (
+                not _rules_allow_victims(quota, borrow) or failed_at_most(self._search_failed, name, borrow, smallest)
             )
         # The fit first: O(1) as well, and most quotas a pass closes do not fit (the memo is then moot).
-        if self.usage.fits(name, smallest, borrow=borrow) and not self._failed_at_most(
-            self._fit_failed, name, borrow, smallest
-        ):
+        if self.usage.fits(name, smallest, borrow=borrow) and not failed_at_most(self._fit_failed, name, borrow, smallest):
             return False
         return (
             not _rules_allow_victims(quota, borrow)  # a quota without preemption (Airflow pools): no search
-            or self._failed_at_most(self._search_failed, name, borrow, smallest)
+            or failed_at_most(self._search_failed, name, borrow, smallest)
             or self._no_victims(name, borrow, priority, smallest)
         )
 
@@ -298,11 +306,12 @@ class _Cycle:
     def _place(self, job: Job, *, borrow: bool) -> bool:
         """Start, hold or preempt for ``job``; False when it has to wait."""
         quota = self.quotas[job.quota]
-        if not self._failed_at_most(self._fit_failed, job.quota, borrow, job.gpus):
+        single = job.nodes == 1
+        if not (single and self._failed_at_most(self._fit_failed, job.quota, borrow, job.gpus)):
             if self.usage.fits(job.quota, job.gpus, borrow=borrow):
                 placement = self.placement
                 host = None if placement is None else (
-                    placement.host_for(job.gpus) if job.nodes == 1 else placement.hosts_for(job)
+                    placement.host_for(job.gpus) if single else placement.hosts_for(job)
                 )
                 if self.placement is None or host is not None:
                     self._hold(job, [], host)  # starts now unless stopping victims still hold the GPUs
@@ -313,7 +322,7 @@ class _Cycle:
         phases = search_phases(job, quota, self.usage)
         if not borrow:
             phases = [phase for phase in phases if not phase]
-        if self._failed_at_most(self._search_failed, job.quota, borrow, job.gpus):
+        if single and self._failed_at_most(self._search_failed, job.quota, borrow, job.gpus):
             return False
         # None without phases; with hosts, leaving room on a host
         victims = find_victims(job, quota, self.usage, self.candidates, phases, self.placement, may_borrow=borrow)
@@ -498,6 +507,12 @@ class _Cycle:
 # Read once: on Python 3.11 each ``Enum.MEMBER`` read goes through the enum metaclass's ``__getattr__``
 # hook (~50 ns), and a replay asks this of each quota in most cycles.
 _WITHIN_NEVER, _RECLAIM_NEVER = WithinQuota.NEVER, Reclaim.NEVER
+
+
+def _never_failed(memo: dict, name: str, borrow: bool, gpus: int) -> bool:
+    """:meth:`_Cycle._failed_at_most` for a quota with gangs waiting: what jobs on one host failed at
+    does not close it."""
+    return False
 
 
 def _rules_allow_victims(quota: Quota, borrow: bool) -> bool:

@@ -63,10 +63,9 @@ class Placement:
                         settled[host] -= used
         except KeyError:
             raise ValueError(f"running job {job.id!r} is on host {host!r}, not one of {', '.join(gpus)}") from None
-        self.labels = {
-            label: {host.name: getattr(host, label) for host in hosts if getattr(host, label) is not None}
-            for label in _TOPOLOGY
-        }
+        self._hosts = hosts
+        self._labels: dict[str, dict[str, str]] | None = None
+        self._at_least: dict[int, int] = {}
         self.down = {host.name for host in hosts if host.down}
         for name in self.down:  # nothing starts or waits there until it is back
             now[name] = min(now[name], 0)
@@ -138,7 +137,8 @@ class Placement:
         """Where a gang that fits its quota goes: :meth:`host_for` for each node at once, on as many
         different hosts (:meth:`_pick`): with room now, else once stopping jobs are gone; else None."""
         per = gang.gpus_per_node
-        hosts = self._pick(per, gang.nodes, {name: self.free(name) for name in self.names})
+        room = {name: free for free in range(per, self.largest + 1) for name in self._by_free.get(free, ())}
+        hosts = self._pick(per, gang.nodes, room)
         if hosts is None:
             hosts = self._pick(per, gang.nodes, self.free_settled)
         return hosts
@@ -168,8 +168,13 @@ class Placement:
         fits = sorted((left - per, name) for name, left in room.items() if left >= per and name not in self.down)
         if len(fits) < nodes:
             return None
+        if self._labels is None:
+            self._labels = {
+                label: {host.name: getattr(host, label) for host in self._hosts if getattr(host, label) is not None}
+                for label in _TOPOLOGY
+            }
         for label in _TOPOLOGY:
-            values = self.labels[label]
+            values = self._labels[label]
             if not values:
                 continue
             groups: dict[str, list[str]] = defaultdict(list)
@@ -207,7 +212,10 @@ class Placement:
 
     def hosts_with_at_least(self, gpus: int) -> int:
         """How many hosts have ``gpus`` GPUs or more, down ones included (they may come back)."""
-        return sum(1 for size in self.gpus.values() if size >= gpus)
+        count = self._at_least.get(gpus)
+        if count is None:
+            count = self._at_least[gpus] = sum(1 for size in self.gpus.values() if size >= gpus)
+        return count
 
     def no_hosts(self, gang: Job) -> str:
         """Why a gang that fits its quota waits: fewer than ``nodes`` hosts have its GPUs per node free."""
