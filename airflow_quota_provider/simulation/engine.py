@@ -26,8 +26,10 @@ its estimate by its quota's ``spare_finishing_within_s`` may be preempted again 
 happened, so the policy is asked again then, as the executor's next cycle would be.
 
 Given hosts per job queue, the replay passes them to ``decide`` with each running job's host, and
-checks as it goes that no host holds more GPUs than it has. Without them each queue is one implicit
-host of its capacity, as the policy sees it.
+checks as it goes that no host holds more GPUs than it has. A job larger than every host of its
+queue runs as a gang (:func:`gang_nodes`: 64 GPUs on 8-GPU hosts are 8 nodes of 8), as its team
+would ask for it on such a fleet. Without hosts each queue is one implicit host of its capacity, as
+the policy sees it, and a job is its GPUs in all.
 """
 
 from __future__ import annotations
@@ -68,6 +70,15 @@ def checkpoint_times(start: float, now: float, interval: float) -> tuple[float, 
     while last + interval <= now:
         last += interval
     return last, last + interval
+
+
+def gang_nodes(gpus: int, largest_host: int) -> int:
+    """The nodes a job of ``gpus`` runs as when no host holds it: the fewest that split its GPUs
+    evenly with no node larger than the largest host (16 GPUs on 8-GPU hosts: 2 nodes of 8)."""
+    nodes = -(-gpus // largest_host)
+    while gpus % nodes:
+        nodes += 1
+    return nodes
 
 
 def _changed(job: Job, **changes: Any) -> Job:
@@ -323,8 +334,9 @@ class Simulator:
             priority = 0 if setup.equal_priority else (trace.priority or 0)
             checkpoint = trace.checkpoint_interval_s if trace.checkpoint_interval_s is not None else checkpoint_interval_s
             job = SimJob(trace, quota, run, priority, checkpoint or 0.0)
+            nodes = 1 if run.largest_host is None or trace.gpus <= run.largest_host else gang_nodes(trace.gpus, run.largest_host)
             job.job = Job(id=trace.id, quota=setup.fifo_quota.get(queue_name, quota), gpus=trace.gpus,
-                          priority=priority, submitted_at=trace.submit_time_s)
+                          priority=priority, submitted_at=trace.submit_time_s, nodes=nodes)
             self.jobs[trace.id] = job
         if teams_unknown:
             names = ", ".join(q.name for queue in quota_file.queues for q in queue.quotas)
@@ -389,7 +401,9 @@ class Simulator:
         usage.change(now, -job.trace.gpus)
         job.queue.used -= job.trace.gpus
         if job.job.host is not None:
-            job.queue.host_used[job.job.host] -= job.trace.gpus
+            per = job.job.gpus_per_node
+            for host in job.job.placed_on:
+                job.queue.host_used[host] -= per
         job.queue.running.remove(job.trace.id)
         job.busy += (now - job.start) * job.trace.gpus
         self._record(usage, -job.trace.gpus, 0)
@@ -419,7 +433,7 @@ class Simulator:
             job.status = "failed"
             job.end = now
             return
-        job.job = _changed(job.job, started_at=None, last_checkpoint_at=None, preempted_for=None, host=None,
+        job.job = _changed(job.job, started_at=None, last_checkpoint_at=None, preempted_for=None, host=None, hosts=(),
                           preemptions=job.job.preemptions + 1)
         self._enqueue(job, now)
 
@@ -512,7 +526,7 @@ class Simulator:
         usage.pending_jobs -= 1
         self._record(usage, 0, -1)
 
-    def _start(self, run: _QueueRun, job: SimJob, now: float, host: str | None) -> None:
+    def _start(self, run: _QueueRun, job: SimJob, now: float, host: str | list[str] | None) -> None:
         run.pending.remove(job.trace.id)
         self._unpend(job)
         gpus = job.trace.gpus
@@ -520,14 +534,23 @@ class Simulator:
         if run.used > run.queue.capacity:
             raise CheckError(f"policy admitted {job.trace.id!r} ({gpus} GPUs) at t={now:g}: queue {run.queue.name} "
                              f"would use {run.used} GPUs of {run.queue.capacity}")
+        hosts: tuple[str, ...] = ()
         if run.hosts is not None:
-            if host not in run.host_used:
-                raise CheckError(f"policy admitted {job.trace.id!r} at t={now:g} on host {host!r}, not one of "
-                                 f"queue {run.queue.name}'s hosts")
-            run.host_used[host] += gpus
-            if run.host_used[host] > run.host_gpus[host]:
-                raise CheckError(f"policy admitted {job.trace.id!r} ({gpus} GPUs) at t={now:g}: host {host} "
-                                 f"would use {run.host_used[host]} GPUs of {run.host_gpus[host]}")
+            nodes = job.job.nodes
+            hosts = (host,) if nodes == 1 else tuple(host or ())
+            if len(set(hosts)) != nodes:
+                raise CheckError(f"policy admitted {job.trace.id!r} at t={now:g} on hosts {host!r}: it has {nodes} "
+                                 f"{'node' if nodes == 1 else 'nodes'}, each on a host of its own")
+            per = job.job.gpus_per_node
+            for name in hosts:
+                if name not in run.host_used:
+                    raise CheckError(f"policy admitted {job.trace.id!r} at t={now:g} on host {name!r}, not one of "
+                                     f"queue {run.queue.name}'s hosts")
+                run.host_used[name] += per
+                if run.host_used[name] > run.host_gpus[name]:
+                    raise CheckError(f"policy admitted {job.trace.id!r} ({per} GPUs there) at t={now:g}: host {name} "
+                                     f"would use {run.host_used[name]} GPUs of {run.host_gpus[name]}")
+            host = hosts[0]
         usage = self.usage[job.quota]
         usage.change(now, gpus)
         self._record(usage, gpus, 0)
@@ -538,7 +561,8 @@ class Simulator:
         if job.first_start is None:
             job.first_start = now
         expected = None if job.estimate_factor is None else job.remaining * job.estimate_factor
-        job.job = _changed(job.job, started_at=now, last_checkpoint_at=now, host=host, expected_runtime_s=expected)
+        job.job = _changed(job.job, started_at=now, last_checkpoint_at=now, host=host, expected_runtime_s=expected,
+                           hosts=hosts if len(hosts) > 1 else ())
         run.running.add(job.job)
         self.env.schedule(now + job.remaining, FINISH, self._finish, job, job.attempt)
         if expected is not None and expected < job.remaining:

@@ -197,15 +197,15 @@ def test_decide_sees_the_hosts_and_each_running_jobs_host():
     assert dict((now, running) for now, _, running in seen)[100.0] == {"j2": "pool-2"}  # j1 ended; j3 goes to pool-1
 
 
-def test_jobs_larger_than_a_host_are_rejected_and_counted():
-    jobs = [job("big", "a", 0, 100, 8), job("small", "b", 0, 100, 4)]
-    run = simulate(quota_file(two_quotas()), jobs, checkpoint_interval_s=0, hosts_per_queue=2, gpus_per_host=4)
-    for policy in ("quota", "static", "fifo"):
-        overall = figures(run.report, policy)
-        assert (overall["rejected"], overall["rejected_larger_than_host"], overall["completed"]) == (1, 1, 1), policy
-        assert figures(run.report, policy, "a")["rejected_larger_than_host"] == 1
-    big = next(j for j in run.results["quota"].jobs if j.trace.id == "big")
-    assert big.message == "asks for 8 GPUs; the largest host of this job queue has 4"
+def test_jobs_larger_than_a_host_run_as_gangs_and_those_no_hosts_can_hold_are_rejected_and_counted():
+    jobs = [job("big", "a", 0, 100, 8), job("odd", "b", 0, 100, 7)]
+    run = simulate(quota_file(two_quotas()), jobs, ["quota"], checkpoint_interval_s=0, hosts_per_queue=2, gpus_per_host=4)
+    overall = figures(run.report, "quota")
+    assert (overall["rejected"], overall["rejected_larger_than_host"], overall["completed"]) == (1, 1, 1)
+    big, odd = sorted(run.results["quota"].jobs, key=lambda j: j.trace.id)
+    assert (big.job.nodes, big.first_start, big.end) == (2, 0, 100)
+    # 7 GPUs split evenly only into 7 nodes of 1, and the queue has 2 hosts
+    assert odd.message == "asks for 7 hosts with 1 GPU each; this job queue has 2 hosts of at least 1 GPU"
 
 
 def test_one_host_of_the_queue_capacity_replays_as_no_hosts():
