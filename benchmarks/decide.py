@@ -1,12 +1,15 @@
 """Time one decision cycle at 1,000 and 10,000 pending jobs (2,000 running, 20 quotas).
 
-    python benchmarks/decide.py [--repeat N] [--seed S] [--gpus-per-host G] [--cohorts]
+    python benchmarks/decide.py [--repeat N] [--seed S] [--gpus-per-host G [--gangs F]] [--cohorts]
 
 Prints the best-of-N time per size, the ratio between them, and the peak memory (tracemalloc) of one
 cycle. Goal (issue 2): at most 50 ms at 10,000 pending on a 2-core machine, ratio at most 15. With
 ``--gpus-per-host``, the same queue is spread over hosts of G GPUs (each running job on a random host
 with room for it), and the policy places jobs on them (issue 10). With ``--cohorts``, the 20 quotas
 are grouped in a two-level tree: two divisions of two departments of five quotas each (issue 14).
+With ``--gangs F`` (and hosts), a fraction F of the waiting jobs are gangs of 2-4 nodes of 4 or G GPUs
+(the others unchanged), and the same queues are timed without them: goal (issue 32) at most 1.5
+times the time without gangs at F = 0.1.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ RECLAIM = ("any", "lower_priority", "never")
 
 
 def make_state(
-    pending_jobs: int, *, running_jobs: int = 2000, quotas: int = 20, seed: int = 1, gpus_per_host: int | None = None
+    pending_jobs: int, *, running_jobs: int = 2000, quotas: int = 20, seed: int = 1, gpus_per_host: int | None = None,
+    gangs: float = 0.0,
 ) -> tuple[State, float]:
     """A busy queue: mixed sharing rules, priorities 0-99, sizes 1-8 GPUs running and 1-16 waiting,
     every quota over-subscribed; with ``gpus_per_host``, on hosts of that size."""
@@ -88,6 +92,11 @@ def make_state(
         )
         for i in range(pending_jobs)
     ]
+    draw = random.Random(seed + 2)  # its own draws: without gangs the jobs are those of the run with them
+    for i, job in enumerate(pending):
+        if draw.random() < gangs:
+            nodes, per = draw.choice((2, 3, 4)), draw.choice((4, gpus_per_host))
+            pending[i] = replace(job, gpus=per * nodes, nodes=nodes)
     hosts_tuple = None if hosts is None else tuple(hosts)
     return State(capacity=capacity, quotas=quota_list, running=tuple(running), pending=tuple(pending), hosts=hosts_tuple), now
 
@@ -116,15 +125,23 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--gpus-per-host", type=int, default=None, help="spread the queue over hosts of this size")
     parser.add_argument("--cohorts", action="store_true", help="group the quotas in a two-level tree of cohorts")
+    parser.add_argument("--gangs", type=float, default=0.0, help="fraction of waiting jobs that are gangs (with hosts)")
     args = parser.parse_args()
+    if args.gangs and args.gpus_per_host is None:
+        parser.error("--gangs: needs --gpus-per-host (a gang spans hosts)")
+    if not 0 <= args.gangs <= 1:
+        parser.error(f"--gangs: {args.gangs} is not a fraction from 0 to 1")
     if args.gpus_per_host is not None and (args.gpus_per_host < 8 or 8000 % args.gpus_per_host):
         parser.error("--gpus-per-host: must divide 8,000 and be at least 8 (the largest running job)")
     results = {}
     for pending in (1_000, 10_000):
-        state, now = make_state(pending, seed=args.seed, gpus_per_host=args.gpus_per_host)
+        state, now = make_state(pending, seed=args.seed, gpus_per_host=args.gpus_per_host, gangs=args.gangs)
         if args.cohorts:
             state = in_cohorts(state)
         seconds, decision = best_time(state, now, args.repeat)
+        if args.gangs:
+            plain, _ = make_state(pending, seed=args.seed, gpus_per_host=args.gpus_per_host)
+            without, _ = best_time(in_cohorts(plain) if args.cohorts else plain, now, args.repeat)
         tracemalloc.start()
         decide(state, now)
         _, peak = tracemalloc.get_traced_memory()
@@ -132,11 +149,14 @@ def main() -> None:
         results[pending] = seconds
         hosts = "" if state.hosts is None else f" hosts={len(state.hosts)}x{args.gpus_per_host}"
         hosts += f" cohorts={len(state.cohorts)}" if state.cohorts else ""
+        hosts += f" gangs={sum(1 for job in state.pending if job.nodes > 1)}" if args.gangs else ""
         print(
             f"pending={pending:>6} running={len(state.running)} quotas={len(state.quotas)}{hosts}: "
             f"{seconds * 1000:7.2f} ms per cycle (best of {args.repeat}), peak memory {peak / 2**20:.1f} MiB; "
             f"admit={len(decision.admit)} preempt={len(decision.preempt)} pending={len(decision.pending)} reject={len(decision.reject)}"
         )
+        if args.gangs:
+            print(f"  without gangs {without * 1000:7.2f} ms: ratio {seconds / without:.2f} (goal <= 1.5)")
     print(f"ratio 10,000 / 1,000 pending: {results[10_000] / results[1_000]:.2f}")
 
 

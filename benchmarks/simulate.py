@@ -8,7 +8,8 @@
 
 Prints, per policy: wall-clock and CPU seconds of the replay, decisions made, and whether it met the
 goal of issue 16 (at most 10 s per policy); with hosts, the trace is replayed on N hosts of G GPUs per
-job queue (issue 10) and the jobs rejected as larger than a host are counted. The ``quota`` policy is
+job queue (issue 10): jobs larger than a host run as gangs (issue 32), whose mean wait and that of the
+others are set against the pooled replay (no hosts); jobs no hosts can hold are counted. The ``quota`` policy is
 replayed again with expected runtimes (exact, and noisy for each ``--runtime-noise`` sigma) to show
 the lost GPU-hours with and without them. Then, for Kueue's baseline shape (30 quotas in 5 job
 queues of 6, capacity 20 each, borrowing; per quota 350 jobs of 1 unit for 0.2 s, 100 of 5 for 0.5 s,
@@ -76,13 +77,20 @@ def _to_last_admission(jobs) -> dict[str, float]:
 
 
 def _replay(args: tuple) -> tuple:
-    """One replay in a worker process: (label, wall s, CPU s, policy's figures)."""
-    trace, config, policy, hosts_per_queue, gpus_per_host, noise = args
+    """One replay in a worker process: (wall s, CPU s, policy's figures, jobs, mean waits of the jobs
+    larger than ``split`` GPUs and of the others; None without ``split``)."""
+    trace, config, policy, hosts_per_queue, gpus_per_host, noise, *split = args
     jobs = load_trace(trace)
     jobs, _ = assign_priorities(jobs, parse_priority_classes(PRIORITIES), seed=PRIORITY_SEED)
     run = simulate(load_quota_file(config), jobs, [policy], hosts_per_queue=hosts_per_queue,
                    gpus_per_host=gpus_per_host, runtime_noise=noise)
-    return run.replay_s[policy], run.replay_cpu_s[policy], run.report["policies"][policy], len(jobs)
+    waits = None
+    if split:
+        ran = [j for j in run.results[policy].jobs if j.first_start is not None]
+        large = [j.wait for j in ran if j.trace.gpus > split[0]]
+        rest = [j.wait for j in ran if j.trace.gpus <= split[0]]
+        waits = (sum(large) / max(1, len(large)), sum(rest) / max(1, len(rest)), len(large))
+    return run.replay_s[policy], run.replay_cpu_s[policy], run.report["policies"][policy], len(jobs), waits
 
 
 def _label(policy: str, noise: float | None) -> str:
@@ -103,12 +111,29 @@ def trace_replay(trace: Path, config: Path, policies: list[str], hosts_per_queue
           f"  preemptions  lost GPU-h" + ("  rejected > host" if hosts else ""))
     work = [(trace, config, policy, hosts_per_queue, gpus_per_host, noise) for policy, noise in runs]
     with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
-        for (policy, noise), (wall, cpu, figures, _) in zip(runs, pool.map(_replay, work)):
+        for (policy, noise), (wall, cpu, figures, _, _) in zip(runs, pool.map(_replay, work)):
             overall = figures["overall"]
             print(f"{_label(policy, noise):<18} {wall:8.1f} {cpu:8.1f} {figures['decisions']:>10,} "
                   f"{'met' if cpu <= GOAL_S else 'MISSED':>13}  {overall['wait_mean_s']:>11,.0f}  "
                   f"{overall['makespan_s']:>10,.0f}  {overall['preemptions']:>11,}  {overall['lost_gpu_hours']:>10,.0f}"
                   + (f"  {overall['rejected_larger_than_host']:>16,}" if hosts else ""), flush=True)
+
+
+def gangs_against_pooled(trace: Path, config: Path, hosts_per_queue: int, gpus_per_host: int, jobs_at_once: int = 1) -> None:
+    """Issue 32's figures: the ``quota`` policy on the hosts (jobs larger than a host run as gangs)
+    against the same replay without hosts (every job pooled), mean wait of the jobs larger than a host
+    and of the others (goals: at most 1.5 and 1.1 times the pooled ones)."""
+    work = [(trace, config, "quota", h, g, None, gpus_per_host) for h, g in ((hosts_per_queue, gpus_per_host), (None, None))]
+    with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
+        (_, cpu, figures, _, placed), (_, pooled_cpu, _, _, pooled) = pool.map(_replay, work)
+    overall = figures["overall"]
+    print(f"gangs: quota policy, {hosts_per_queue} hosts of {gpus_per_host} GPUs per job queue against no hosts; "
+          f"{placed[2]:,} jobs larger than a host ran as {overall['gang_jobs']:,} gangs, "
+          f"{overall['rejected']:,} rejected; replay {cpu:.1f} s CPU (no hosts {pooled_cpu:.1f} s)")
+    for label, index, goal in ((f"> {gpus_per_host} GPUs (gangs)", 0, 1.5), (f"<= {gpus_per_host} GPUs", 1, 1.1)):
+        ratio = placed[index] / pooled[index] if pooled[index] else float("nan")
+        print(f"  {label:<18} mean wait {placed[index]:>9,.0f} s  no hosts {pooled[index]:>9,.0f} s  "
+              f"ratio {ratio:.2f} (goal <= {goal}: {'met' if ratio <= goal else 'MISSED'})", flush=True)
 
 
 def kueue_shape(policies: list[str], noises: list[float] = (), spares: tuple[float, ...] = SPARE_S) -> None:
@@ -216,6 +241,8 @@ def main() -> int:
             parser.error(f"--trace: {args.trace} not found")
         try:
             trace_replay(args.trace, args.config, policies, args.hosts_per_queue, args.gpus_per_host, args.jobs, noises)
+            if args.hosts_per_queue is not None and "quota" in policies:
+                gangs_against_pooled(args.trace, args.config, args.hosts_per_queue, args.gpus_per_host, args.jobs)
         except InputError as error:
             parser.error(str(error))
     if not args.skip_kueue:

@@ -73,12 +73,14 @@ def decide(state: State, now: float, *, explain: bool = True) -> Decision:
 
 
 def rejection_reason(
-    job: Job, quota: Quota, state: State, most: int | None = None, largest_host: int | None = None
+    job: Job, quota: Quota, state: State, most: int | None = None, largest_host: int | None = None,
+    placement: Placement | None = None,
 ) -> str | None:
     """Why ``job`` can never run on ``quota`` under this configuration, or None.
 
-    ``most`` is :func:`ever_fits` for the quota and ``largest_host`` the GPUs of the state's largest
-    host, when the caller has them already.
+    ``most`` is :func:`ever_fits` for the quota, ``largest_host`` the GPUs of the state's largest
+    host and ``placement`` the state's hosts (counted once per size for gangs), when the caller has
+    them already.
     """
     above = quota.above_max_priority(job.priority)
     if above is not None:
@@ -96,7 +98,10 @@ def rejection_reason(
     if state.hosts is not None:
         if job.nodes > 1:
             per = job.gpus_per_node
-            enough = sum(1 for host in state.hosts if host.gpus >= per)
+            enough = (
+                placement.hosts_with_at_least(per) if placement is not None
+                else sum(1 for host in state.hosts if host.gpus >= per)
+            )
             if enough < job.nodes:
                 return (
                     f"asks for {job.nodes} hosts with {per} {'GPU' if per == 1 else 'GPUs'} each; this job queue has "
@@ -179,7 +184,7 @@ class _Cycle:
                 ):
                     continue
             for key, job in self.backlog.entries(name):
-                reason = rejection_reason(job, quota, self.state, most, largest_host)
+                reason = rejection_reason(job, quota, self.state, most, largest_host, self.placement)
                 if reason is not None:
                     rejected.append((key, Rejection(job.id, reason)))
                     self.handled.add(job.id)

@@ -136,9 +136,14 @@ class Placement:
     def hosts_for(self, gang: Job) -> tuple[str, ...] | None:
         """Where a gang that fits its quota goes: :meth:`host_for` for each node at once, on as many
         different hosts (:meth:`_pick`): with room now, else once stopping jobs are gone; else None."""
-        per = gang.gpus_per_node
-        room = {name: free for free in range(per, self.largest + 1) for name in self._by_free.get(free, ())}
-        hosts = self._pick(per, gang.nodes, room)
+        per, nodes = gang.gpus_per_node, gang.nodes
+        if not self._labelled():
+            # The free buckets hold the hosts by free GPUs, each sorted by name: the best fits first.
+            fits = [name for free in range(per, self.largest + 1) for name in self._by_free.get(free, ())][:nodes]
+            hosts = tuple(fits) if len(fits) == nodes else None
+        else:
+            room = {name: free for free in range(per, self.largest + 1) for name in self._by_free.get(free, ())}
+            hosts = self._pick(per, nodes, room)
         if hosts is None:
             hosts = self._pick(per, gang.nodes, self.free_settled)
         return hosts
@@ -168,12 +173,7 @@ class Placement:
         fits = sorted((left - per, name) for name, left in room.items() if left >= per and name not in self.down)
         if len(fits) < nodes:
             return None
-        if self._labels is None:
-            self._labels = {
-                label: {host.name: getattr(host, label) for host in self._hosts if getattr(host, label) is not None}
-                for label in _TOPOLOGY
-            }
-        for label in _TOPOLOGY:
+        for label in _TOPOLOGY if self._labelled() else ():
             values = self._labels[label]
             if not values:
                 continue
@@ -188,6 +188,15 @@ class Placement:
             if full:
                 return tuple(groups[min(full)[1]])
         return tuple(name for _, name in fits[:nodes])
+
+    def _labelled(self) -> bool:
+        """Whether some host carries a topology label (read once, when a gang first needs to know)."""
+        if self._labels is None:
+            self._labels = {
+                label: {host.name: getattr(host, label) for host in self._hosts if getattr(host, label) is not None}
+                for label in _TOPOLOGY
+            }
+        return any(self._labels.values())
 
     def room_for(self, job: Job, where: str | tuple[str, ...]) -> bool:
         """Whether ``job``'s GPUs are free now at ``where`` (its host, or a gang's hosts)."""

@@ -259,11 +259,16 @@ def _freed_on(victim: Job, host: str | None) -> int:
     return victim.gpus_per_node if host in victim.hosts else 0
 
 
+_GANG_HOSTS_SEARCHED = 8
+"""Hosts a gang's search looks at beyond those it needs (:func:`_gang_targets`)."""
+
+
 def _gang_targets(
     preemptor: Job, quota: Quota, usage: Usage, candidates: Candidates, placement: Placement, *, borrow: bool
 ) -> list[str] | None:
     """The hosts a gang's victims make room on: as many as it lacks hosts with room for a node, those
-    whose cheapest candidates make room most cheaply (:func:`victim_set_order`); None when too few can."""
+    whose cheapest candidates make room most cheaply (:func:`victim_set_order`), among those nearest to
+    room; None when too few can."""
     per = preemptor.gpus_per_node
     settled = placement.free_settled
     live = [name for name in placement.names if name not in placement.down]
@@ -271,10 +276,10 @@ def _gang_targets(
     if need <= 0:
         return []
     costs = []
-    for name in live:
-        lacking = per - settled[name]
-        if lacking <= 0 or lacking > candidates.gpus_on(name):
-            continue
+    # The hosts nearest to room first, and a few more than it needs: a fleet has hundreds, and a
+    # host that lacks more rarely makes room more cheaply.
+    near = sorted((per - settled[name], name) for name in live if 0 < per - settled[name] <= candidates.gpus_on(name))
+    for lacking, name in near[:need + _GANG_HOSTS_SEARCHED]:
         taken, freed = [], 0
         for candidate, _ in candidates.on_host(preemptor, quota, usage, name, borrow=borrow):
             taken.append(candidate)

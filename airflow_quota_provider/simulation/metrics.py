@@ -4,7 +4,8 @@ Definitions (all times in seconds, GPU-hours = GPU-seconds / 3600):
 
 - ``jobs``: jobs submitted; ``completed``, ``rejected`` (the policy said it can never run) and
   ``failed`` (preempted past its ``max_preemptions``) split them. With hosts,
-  ``rejected_larger_than_host`` counts the rejected jobs that ask for more GPUs than a host has.
+  ``rejected_larger_than_host`` counts the rejected jobs that ask for more GPUs than a host has (those
+  no hosts can hold as a gang); ``gang_jobs`` those that ran as gangs, ``gang_wait_mean_s`` their mean wait.
 - ``gpu_hours``: useful work served, lost work excluded.
 - ``utilisation``: per quota, the time-average of ``min(GPUs its jobs hold, capacity) / capacity``
   (0-1; what it holds above its capacity is ``borrowed_gpu_hours``); overall, GPUs held / the pool's
@@ -81,6 +82,9 @@ def _summary(jobs: list[SimJob], start: float, placed: bool) -> dict[str, Any]:
     }
     if placed:
         figures["rejected_larger_than_host"] = sum(1 for j in rejected if j.trace.gpus > j.queue.largest_host)
+        gangs = [j.wait for j in ran if j.job.nodes > 1]
+        figures["gang_jobs"] = len(gangs)
+        figures["gang_wait_mean_s"] = _r(sum(gangs) / len(gangs)) if gangs else None
     return figures
 
 
