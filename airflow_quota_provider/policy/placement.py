@@ -206,18 +206,12 @@ class Placement:
         return all(self.free(name) >= per for name in where)
 
     def admit_job(self, job: Job, where: str | tuple[str, ...]) -> None:
-        if job.nodes == 1:
-            self.admit(where, job.gpus)
-        else:
-            for name in where:
-                self.admit(name, job.gpus_per_node)
+        for name, gpus in _per_host(job, where):
+            self.admit(name, gpus)
 
     def hold_job(self, job: Job, where: str | tuple[str, ...]) -> None:
-        if job.nodes == 1:
-            self.hold(where, job.gpus)
-        else:
-            for name in where:
-                self.hold(name, job.gpus_per_node)
+        for name, gpus in _per_host(job, where):
+            self.hold(name, gpus)
 
     def hosts_with_at_least(self, gpus: int) -> int:
         """How many hosts have ``gpus`` GPUs or more, down ones included (they may come back)."""
@@ -283,6 +277,13 @@ class Placement:
 
 def _gpus(count: int) -> str:
     return f"{count} GPU" if count == 1 else f"{count} GPUs"
+
+
+def _per_host(job: Job, where: str | tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """``job``'s GPUs on each host of ``where`` (its host, or a gang's hosts)."""
+    if job.nodes == 1:
+        return ((where, job.gpus),)
+    return tuple((name, job.gpus_per_node) for name in where)
 
 
 def _freed_by(preemptor: Job, victims: Iterable[Job]) -> tuple[dict[str, int], set[str]]:

@@ -83,7 +83,7 @@ SIMULATE_ARGS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                               "help": "place jobs on N hosts per job queue, each job on one host (with "
                                       "--gpus-per-host; N x G must be each queue's capacity)"}),
     (("--gpus-per-host",), {"type": _count, "default": None, "metavar": "G",
-                            "help": "GPUs per host (with --hosts-per-queue); jobs above G GPUs are rejected"}),
+                            "help": "GPUs per host (with --hosts-per-queue); jobs above G GPUs run as gangs of hosts"}),
     (("--runtime-noise",), {"type": _sigma, "default": None, "metavar": "SIGMA",
                             "help": "tell the policy each job's expected runtime: its work left times "
                                     "exp(N(0, SIGMA)) (0: exact); default: runtimes unknown"}),

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_quota_provider.policy import Host, Job, State, decide
-from tests.policy.test_properties import NOW, balanced, host_states, logical_end
+from tests.policy.test_properties import NOW, balanced, host_states, logical_end, shuffled
 
 _HELD_ON = re.compile(r"GPUs on (\S+?)[: ]")
 _GANG_HELD_ON = re.compile(r"GPUs on each of (.+?) are held for it")
@@ -130,8 +130,4 @@ def test_a_gang_is_rejected_exactly_when_too_few_hosts_could_ever_hold_a_node(st
 @given(gang_states(), st.randoms())
 def test_with_gangs_the_same_input_always_gives_the_same_decision(state, rng: random.Random):
     decision = decide(state, NOW).to_dict()
-    shuffled = [list(state.running), list(state.pending), list(state.hosts)]
-    for items in shuffled:
-        rng.shuffle(items)
-    state = replace(state, running=tuple(shuffled[0]), pending=tuple(shuffled[1]), hosts=tuple(shuffled[2]))
-    assert decide(state, NOW).to_dict() == decision
+    assert decide(shuffled(state, rng), NOW).to_dict() == decision

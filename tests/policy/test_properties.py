@@ -547,14 +547,18 @@ def test_with_hosts_a_job_has_the_victims_it_has_without_them_unless_placement_f
     assert [p.to_dict() for p in decide(state, NOW).preempt] == [p.to_dict() for p in placed.preempt]
 
 
+def shuffled(state: State, rng: random.Random) -> State:
+    """``state`` with its running jobs, waiting jobs and hosts each in another order."""
+    lists = [list(state.running), list(state.pending), list(state.hosts)]
+    for items in lists:
+        rng.shuffle(items)
+    return replace(state, running=tuple(lists[0]), pending=tuple(lists[1]), hosts=tuple(lists[2]))
+
+
 @given(host_states(), st.randoms())
 def test_with_hosts_the_same_input_always_gives_the_same_decision(state, rng: random.Random):
     decision = decide(state, NOW).to_dict()
-    shuffled = [list(state.running), list(state.pending), list(state.hosts)]
-    for items in shuffled:
-        rng.shuffle(items)
-    state = replace(state, running=tuple(shuffled[0]), pending=tuple(shuffled[1]), hosts=tuple(shuffled[2]))
-    assert decide(state, NOW).to_dict() == decision
+    assert decide(shuffled(state, rng), NOW).to_dict() == decision
 
 
 @given(states())
