@@ -7,7 +7,8 @@ host) and the task runtime (operator, ``@task.quota``) all read it.
    (:data:`EXECUTOR_CONFIG_KEY`): written by ``QuotaTrainingOperator`` and ``@task.quota`` from
    their arguments, read by the executor when the task is queued. A hand-written
    ``executor_config`` may carry anything; reading it never fails on a value the executor can
-   do without (see :meth:`QuotaTaskConfig.from_executor_config`).
+   do without, and a value it cannot use raises :class:`QuotaTaskConfigError`, naming the field,
+   which fails that task (see :meth:`QuotaTaskConfig.from_executor_config`).
 2. **The task's environment**, set by the executor and its launcher for the task process:
 
    - ``CUDA_VISIBLE_DEVICES`` (executor): the GPUs handed to the job, comma-separated.
@@ -58,7 +59,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -114,6 +117,31 @@ DEFAULT_GRACE_PERIOD_S: float = Quota.grace_period_s
 # --------------------------------------------------------------------------------------------
 # executor_config["quota"]
 
+#: The largest value of the job table's INTEGER columns (``gpus``, ``priority``, ``max_preemptions``).
+_INTEGER_COLUMN_MAX = 2**31 - 1
+#: The integer fields of ``executor_config["quota"]``, each with its smallest and largest value. ``gpus``
+#: is per host, so that a gang's ``gpus`` x ``nodes`` fits the column too.
+_INTEGER_FIELDS: dict[str, tuple[int, int]] = {
+    "gpus": (1, _INTEGER_COLUMN_MAX // MAX_NODES),
+    "nodes": (1, MAX_NODES),
+    "priority": (0, _INTEGER_COLUMN_MAX),
+    "max_preemptions": (0, _INTEGER_COLUMN_MAX),
+}
+#: The longest quota name: the quota file's, and the job table's column.
+_QUOTA_NAME_MAX = 128
+
+
+class QuotaTaskConfigError(ValueError):
+    """A value in ``executor_config["quota"]`` the executor cannot use; ``str(e)`` names the field and
+    what is allowed, ``field`` is its key."""
+
+    def __init__(self, field_name: str, value: Any, allowed: str) -> None:
+        # reprlib: the message fails a task and is stored with its job, whatever the length of the junk
+        super().__init__(
+            f'executor_config["{EXECUTOR_CONFIG_KEY}"]["{field_name}"]: {reprlib.repr(value)} is not {allowed}'
+        )
+        self.field = field_name
+
 
 @dataclass(frozen=True)
 class QuotaTaskConfig:
@@ -154,34 +182,77 @@ class QuotaTaskConfig:
 
     @classmethod
     def from_executor_config(cls, executor_config: Any) -> QuotaTaskConfig:
-        """Read a task's ``executor_config``. Tolerant as the executor has always been: anything but
-        a dict under the key counts as no settings, an empty quota as none, an expected runtime that
-        is not a positive number as unknown. ``gpus``, ``nodes``, ``priority``, ``max_preemptions``
-        and ``grace_period_s`` are converted with ``int``/``float`` (``"2"`` is 2), so junk there raises."""
+        """Read a task's ``executor_config``. Tolerant as the executor has always been where it can do
+        without a value: anything but a dict under the key counts as no settings, an empty quota as
+        none, an expected runtime that is not a positive number as unknown, and a quota the quota
+        file does not have is refused by the executor, naming the quotas.
+
+        ``gpus``, ``nodes``, ``priority``, ``max_preemptions`` and ``grace_period_s`` are what the
+        task asked for, so a value there the executor cannot use raises :class:`QuotaTaskConfigError`
+        naming the field: ``gpus`` from 1 (per host), ``nodes`` from 1 to :data:`MAX_NODES`,
+        ``priority`` and ``max_preemptions`` from 0, each within the job table's integers, and
+        ``grace_period_s`` a finite number of seconds > 0; so does a ``quota`` name longer than the
+        job table's 128 characters. A number may be written as a string (``"2"`` is 2) and an
+        integer as a whole float (``2.0``); a bool is not a number."""
         extras = executor_config.get(EXECUTOR_CONFIG_KEY) if isinstance(executor_config, Mapping) else None
         if not isinstance(extras, Mapping):
             extras = {}
+        integers = {
+            name: None if extras.get(name) is None else _integer(name, extras[name]) for name in _INTEGER_FIELDS
+        }
+        grace = extras.get("grace_period_s")
         return cls(
             preemptible=bool(extras.get("preemptible", True)),
-            max_preemptions=_optional(int, extras.get("max_preemptions")),
-            grace_period_s=_optional(float, extras.get("grace_period_s")),
+            grace_period_s=None if grace is None else _seconds("grace_period_s", grace),
             expected_runtime_s=positive_number(extras.get("expected_runtime_s")),
-            quota=str(extras["quota"]) if extras.get("quota") else None,
-            gpus=_optional(int, extras.get("gpus")),
-            nodes=_optional(int, extras.get("nodes")),
-            priority=_optional(int, extras.get("priority")),
+            quota=_quota(extras.get("quota")),
+            **integers,
         )
 
 
-def _optional(convert, value: Any) -> Any:
-    return None if value is None else convert(value)
+def _quota(value: Any) -> str | None:
+    """The quota asked for, None when empty. A name no quota file holds is left to the executor,
+    which fails the task naming the quotas there are; one too long for the job table fails here."""
+    if not value:
+        return None
+    name = str(value)
+    if len(name) > _QUOTA_NAME_MAX:
+        raise QuotaTaskConfigError("quota", value, f"a quota name of at most {_QUOTA_NAME_MAX} characters")
+    return name
+
+
+def _integer(name: str, value: Any) -> int:
+    """``value`` of the integer field ``name``, within its range (:data:`_INTEGER_FIELDS`)."""
+    number = value
+    if isinstance(value, str) or (isinstance(value, float) and value.is_integer()):
+        with contextlib.suppress(ValueError):  # also a string of more digits than Python converts
+            number = int(value)
+    minimum, maximum = _INTEGER_FIELDS[name]
+    if isinstance(number, bool) or not isinstance(number, int) or not minimum <= number <= maximum:
+        raise QuotaTaskConfigError(name, value, f"an integer from {minimum} to {maximum}")
+    return number
+
+
+def _seconds(name: str, value: Any) -> float:
+    """``value`` of the duration field ``name``: a finite number of seconds > 0."""
+    number = value
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            number = float(value)
+    if (seconds := positive_number(number)) is None:
+        raise QuotaTaskConfigError(name, value, "a finite number of seconds > 0")
+    return seconds
 
 
 def positive_number(value: Any) -> float | None:
-    """``value`` as a float when it is a number > 0 (not a bool), else None."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return None
+    """``value`` as a float when it is a finite number > 0 (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int past a float's range
+        return None
+    return number if math.isfinite(number) and number > 0 else None
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from airflow_quota_provider.protocol import (
     GangEnvironmentError,
     PreemptionNotice,
     QuotaTaskConfig,
+    QuotaTaskConfigError,
     TaskEnvironment,
     acknowledge_notice,
     read_notice,
@@ -59,9 +60,9 @@ def test_task_config_writes_optional_fields_only_when_set():
         *(
             pytest.param(
                 {EXECUTOR_CONFIG_KEY: {"expected_runtime_s": value}}, QuotaTaskConfig(),
-                id=f"expected runtime {value!r}: unknown",
+                id=f"expected runtime {value!r:.12}: unknown",
             )
-            for value in ("1h", -5, 0, True)
+            for value in ("1h", -5, 0, True, float("inf"), float("nan"), 10**400)
         ),
         pytest.param(
             {EXECUTOR_CONFIG_KEY: {"gpus": "2", "nodes": "3", "priority": "7", "grace_period_s": "30"}},
@@ -72,6 +73,77 @@ def test_task_config_writes_optional_fields_only_when_set():
 )
 def test_task_config_tolerates_hand_written_junk(executor_config, expected):
     assert QuotaTaskConfig.from_executor_config(executor_config) == expected
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        pytest.param("gpus", 2.0, 2, id="a whole float is an integer"),
+        pytest.param("priority", 0, 0, id="priority 0 is allowed"),
+        pytest.param("max_preemptions", 0, 0, id="max_preemptions 0 is allowed"),
+        pytest.param("gpus", 2097151, 2097151, id="the most gpus a gang of 1024 hosts fits the column with"),
+        pytest.param("grace_period_s", 0.5, 0.5, id="half a second of grace"),
+    ],
+)
+def test_task_config_reads_every_value_in_range(field, value, expected):
+    assert getattr(QuotaTaskConfig.from_executor_config({EXECUTOR_CONFIG_KEY: {field: value}}), field) == expected
+
+
+GPUS = "an integer from 1 to 2097151"
+NODES = "an integer from 1 to 1024"
+INT32 = "an integer from 0 to 2147483647"
+SECONDS = "a finite number of seconds > 0"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        pytest.param("gpus", "four", f"'four' is not {GPUS}", id="gpus in words"),
+        pytest.param("gpus", 0, f"0 is not {GPUS}", id="no gpus"),
+        pytest.param("gpus", -1, f"-1 is not {GPUS}", id="negative gpus"),
+        pytest.param("gpus", 2.5, f"2.5 is not {GPUS}", id="a fraction of a gpu"),
+        pytest.param("gpus", True, f"True is not {GPUS}", id="a bool is no gpu count"),
+        pytest.param("gpus", 2097152, f"2097152 is not {GPUS}", id="gpus a gang's total overflows the column with"),
+        pytest.param("gpus", float("nan"), f"nan is not {GPUS}", id="NaN gpus"),
+        pytest.param("nodes", [1], f"[1] is not {NODES}", id="nodes in a list"),
+        pytest.param("nodes", 0, f"0 is not {NODES}", id="no nodes"),
+        pytest.param("nodes", 1025, f"1025 is not {NODES}", id="more nodes than a job may span"),
+        pytest.param("nodes", float("inf"), f"inf is not {NODES}", id="infinite nodes"),
+        pytest.param("priority", "x", f"'x' is not {INT32}", id="priority in words"),
+        pytest.param("priority", -1, f"-1 is not {INT32}", id="negative priority"),
+        pytest.param("priority", 2**31, f"2147483648 is not {INT32}", id="priority past the column"),
+        pytest.param("priority", False, f"False is not {INT32}", id="a bool is no priority"),
+        pytest.param("max_preemptions", -1, f"-1 is not {INT32}", id="negative max_preemptions"),
+        pytest.param("max_preemptions", 2**63, f"9223372036854775808 is not {INT32}", id="huge max_preemptions"),
+        pytest.param("max_preemptions", "1.5", f"'1.5' is not {INT32}", id="a fraction of a preemption in a string"),
+        pytest.param("grace_period_s", "nan", f"'nan' is not {SECONDS}", id="NaN grace period as a string"),
+        pytest.param("grace_period_s", float("inf"), f"inf is not {SECONDS}", id="infinite grace period"),
+        pytest.param("grace_period_s", 0, f"0 is not {SECONDS}", id="no grace period"),
+        pytest.param("grace_period_s", -30, f"-30 is not {SECONDS}", id="negative grace period"),
+        pytest.param("grace_period_s", True, f"True is not {SECONDS}", id="a bool is no grace period"),
+        pytest.param(
+            "grace_period_s", 10**400, f"100000000000000000...0000000000000000000 is not {SECONDS}",
+            id="a grace period past a float",
+        ),
+        pytest.param("grace_period_s", "soon", f"'soon' is not {SECONDS}", id="grace period in words"),
+        pytest.param(
+            "quota", "q" * 129, "'qqqqqqqqqqqq...qqqqqqqqqqqqq' is not a quota name of at most 128 characters",
+            id="a quota name longer than the job table's",
+        ),
+    ],
+)
+def test_a_value_the_executor_cannot_use_is_an_error_naming_the_field(field, value, message):
+    with pytest.raises(QuotaTaskConfigError) as err:
+        QuotaTaskConfig.from_executor_config({EXECUTOR_CONFIG_KEY: {"gpus": 1, field: value}})
+    assert err.value.field == field
+    assert str(err.value).startswith(f'executor_config["quota"]["{field}"]: {message}')
+
+
+def test_a_long_junk_value_is_shortened_in_the_message():
+    """The message fails the task and is stored with its job."""
+    with pytest.raises(QuotaTaskConfigError) as err:
+        QuotaTaskConfig.from_executor_config({EXECUTOR_CONFIG_KEY: {"gpus": "9" * 10_000}})
+    assert len(str(err.value)) < 120
 
 
 def test_environment_round_trip(tmp_path):

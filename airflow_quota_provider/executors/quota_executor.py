@@ -6,7 +6,8 @@ others and carry ``preemptible``, ``max_preemptions``, ``grace_period_s`` and
 ``expected_runtime_s`` (else estimated from the task's history, :mod:`.runtimes`). A task asking
 for several hosts (``nodes`` > 1, a gang) fails when queued: this executor does not launch gangs yet
 (issue 32), and running one as a single process would hand it one host's GPUs while its quota
-counts every node's.
+counts every node's. So does a task whose ``executor_config["quota"]`` holds a value the executor
+cannot use (``{"gpus": "four"}``), naming the field and what is allowed: the scheduler goes on.
 
 Every heartbeat, :meth:`QuotaExecutor.sync` rebuilds the state from the provider's tables, asks the
 policy core what to do for each job queue, and acts: it launches admitted jobs on their devices,
@@ -60,7 +61,7 @@ from airflow_quota_provider.metrics import GpuSecondsMeter, emit_metrics
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.coordination import POOLS, db_now, lock
 from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, Report, record_config_loaded, record_event
-from airflow_quota_provider.protocol import MAX_NODES, QuotaTaskConfig
+from airflow_quota_provider.protocol import QuotaTaskConfig, QuotaTaskConfigError
 from airflow_quota_provider.quota_file import QuotaConfigError
 
 if TYPE_CHECKING:
@@ -358,11 +359,16 @@ class QuotaExecutor(BaseExecutor):
         """Create the job for a newly queued task, or give a known job (preempted, revoked) its new
         workload while it keeps its place. A task this executor can never run as asked
         (:func:`_refusal`) is recorded with what it asked, then rejected as the policy's rejections
-        are: its task fails with the reason, the scheduler goes on."""
+        are: its task fails with the reason, the scheduler goes on. So is a task whose
+        ``executor_config["quota"]`` holds a value it cannot use, recorded with its pool and pool
+        slots as if it had none."""
         ti = workload.ti
-        asked = QuotaTaskConfig.from_executor_config(ti.executor_config)
-        nodes = 1 if asked.nodes is None else asked.nodes
-        refusal = _refusal(nodes)
+        try:
+            asked, refusal = QuotaTaskConfig.from_executor_config(ti.executor_config), None
+        except QuotaTaskConfigError as e:
+            asked, refusal = QuotaTaskConfig(), str(e)
+        nodes = asked.nodes or 1
+        refusal = refusal or _refusal(nodes)
         pool = session.scalar(select(TaskInstance.pool).where(TaskInstance.id == ti.id)) or ""
         quota = asked.quota or (pool if pool != Pool.DEFAULT_POOL_NAME else "") or conf.get("quota", "default_quota", fallback="")
         # Locked until the scheduler commits: the other scheduler may be settling this job (a
@@ -432,8 +438,6 @@ def _refusal(nodes: int) -> str | None:
     """Why this executor can never run a task on ``nodes`` hosts, naming the field; None if it can.
     Until gangs are launched (issue 32) a gang would run as one process with one host's GPUs while
     its quota counts every node's, so it fails instead."""
-    if not 1 <= nodes <= MAX_NODES:
-        return f"nodes: {nodes} is not between 1 and {MAX_NODES}"
     if nodes > 1:
         return f"nodes: {nodes} hosts asked; this QuotaExecutor does not launch jobs on several hosts yet (issue 32): use nodes=1"
     return None
@@ -441,8 +445,5 @@ def _refusal(nodes: int) -> str | None:
 
 def _total_gpus(pool_slots: int, gpus: int | None, nodes: int) -> int:
     """All the GPUs a task asks for: ``gpus`` (per host) times its hosts when ``executor_config``
-    names them, else its pool slots (the operators write ``gpus`` x ``nodes`` there). A ``nodes``
-    out of range counts one host: the task is refused anyway."""
-    if gpus is None:
-        return pool_slots
-    return gpus * nodes if 1 <= nodes <= MAX_NODES else gpus
+    names them, else its pool slots (the operators write ``gpus`` x ``nodes`` there)."""
+    return pool_slots if gpus is None else gpus * nodes

@@ -279,32 +279,65 @@ def test_a_job_whose_task_was_cleared_while_it_waited_is_dropped_and_released(db
     assert job.report is None, "released once"
 
 
-@pytest.mark.parametrize(
-    ("nodes", "gpus", "reason"),
-    [
-        pytest.param(
-            4, 32,
-            "nodes: 4 hosts asked; this QuotaExecutor does not launch jobs on several hosts yet (issue 32): use nodes=1",
-            id="a gang is recorded with all its GPUs and refused",
-        ),
-        pytest.param(0, 8, "nodes: 0 is not between 1 and 1024", id="a hand-written nodes out of range is refused"),
-    ],
-)
-def test_a_task_asking_for_several_hosts_fails_naming_nodes_until_gangs_are_launched(
-    db, parts, executor_for, nodes, gpus, reason
-):
+def test_a_task_asking_for_several_hosts_fails_naming_nodes_until_gangs_are_launched(db, parts, executor_for):
     """Run as one process, a gang would get one host's 8 GPUs while its quota counts them all: it
     fails when queued instead, its job recorded with what it asked, and the executor stops counting it."""
     executor = executor_for(QUOTAS)
     workload = _airflow_queues(
-        db, "gang", quota="team-a", priority=60, pool_slots=8 * max(nodes, 1),
-        executor_config={"quota": {"gpus": 8, "nodes": nodes}},
+        db, "gang", quota="team-a", priority=60, pool_slots=32, executor_config={"quota": {"gpus": 8, "nodes": 4}}
     )
     executor.queue_workload(workload, db)
     job = db.scalar(select(QuotaJob).where(QuotaJob.task_id == "gang"))
     assert (job.state, job.gpus, job.message, _ti_state(db, job)) == (
-        JobState.FAILED.value, gpus, reason, TaskInstanceState.FAILED
+        JobState.FAILED.value,
+        32,
+        "nodes: 4 hosts asked; this QuotaExecutor does not launch jobs on several hosts yet (issue 32): use nodes=1",
+        TaskInstanceState.FAILED,
     )
     assert _events(db, job) == ["submitted", "rejected"]
     assert workload.ti.key in executor.running
     assert [(key.task_id, report) for key, report in parts.reconciler.reports(parts.cycle())] == [("gang", Report.RELEASED)]
+
+
+@pytest.mark.parametrize(
+    ("asked", "reason"),
+    [
+        pytest.param(
+            {"gpus": "four"}, """executor_config["quota"]["gpus"]: 'four' is not an integer from 1 to 2097151""",
+            id="gpus in words",
+        ),
+        pytest.param(
+            {"gpus": 8, "nodes": 0}, 'executor_config["quota"]["nodes"]: 0 is not an integer from 1 to 1024',
+            id="nodes out of range",
+        ),
+        pytest.param(
+            {"priority": "x"}, """executor_config["quota"]["priority"]: 'x' is not an integer from 0 to 2147483647""",
+            id="priority in words",
+        ),
+        pytest.param(
+            {"grace_period_s": "nan"},
+            """executor_config["quota"]["grace_period_s"]: 'nan' is not a finite number of seconds > 0""",
+            id="NaN grace period",
+        ),
+    ],
+)
+def test_a_task_with_junk_executor_config_fails_naming_the_field_and_the_executor_takes_the_next(
+    db, parts, executor_for, asked, reason
+):
+    """A hand-written ``executor_config["quota"]`` the executor cannot use fails that task when it is
+    queued, as an unknown quota does, not the scheduler: its job is recorded with its pool as quota,
+    its pool slots as GPUs and its priority weight, and the next task is queued and runs."""
+    executor = executor_for(QUOTAS)
+    junk = _airflow_queues(db, "junk", quota="team-a", priority=60, pool_slots=2, executor_config={"quota": asked})
+    executor.queue_workload(junk, db)
+    job = db.scalar(select(QuotaJob).where(QuotaJob.task_id == "junk"))
+    assert (job.state, job.quota, job.gpus, job.priority, job.message, _ti_state(db, job)) == (
+        JobState.FAILED.value, "team-a", 2, 60, reason, TaskInstanceState.FAILED
+    )
+    assert _events(db, job) == ["submitted", "rejected"]
+    assert [(key.task_id, report) for key, report in parts.reconciler.reports(parts.cycle())] == [("junk", Report.RELEASED)]
+
+    executor.queue_workload(_airflow_queues(db, "next", quota="team-a", priority=1), db)
+    parts.decide_and_act()
+    after = db.scalar(select(QuotaJob).where(QuotaJob.task_id == "next"))
+    assert (after.state, devices_of(after.id, session=db)) == (JobState.RUNNING.value, ["0"])
