@@ -192,8 +192,9 @@ class QuotaTaskConfig:
         naming the field: ``gpus`` from 1 (per host), ``nodes`` from 1 to :data:`MAX_NODES`,
         ``priority`` and ``max_preemptions`` from 0, each within the job table's integers, and
         ``grace_period_s`` a finite number of seconds > 0; so does a ``quota`` name longer than the
-        job table's 128 characters. A number may be written as a string (``"2"`` is 2) and an
-        integer as a whole float (``2.0``); a bool is not a number."""
+        job table's 128 characters, and a ``preemptible`` other than true or false (``"false"`` is
+        false). A number may be written as a string (``"2"`` is 2) and an integer as a whole float
+        (``2.0``); a bool is not a number."""
         extras = executor_config.get(EXECUTOR_CONFIG_KEY) if isinstance(executor_config, Mapping) else None
         if not isinstance(extras, Mapping):
             extras = {}
@@ -202,12 +203,22 @@ class QuotaTaskConfig:
         }
         grace = extras.get("grace_period_s")
         return cls(
-            preemptible=bool(extras.get("preemptible", True)),
+            preemptible=_flag("preemptible", extras.get("preemptible", True)),
             grace_period_s=None if grace is None else _seconds("grace_period_s", grace),
             expected_runtime_s=positive_number(extras.get("expected_runtime_s")),
             quota=_quota(extras.get("quota")),
             **integers,
         )
+
+
+def _flag(name: str, value: Any) -> bool:
+    """``value`` of the yes/no field ``name``: a bool, or ``"true"``/``"false"`` as JSON or a form
+    writes it; ``bool("false")`` is True, so anything else is refused rather than read as yes."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise QuotaTaskConfigError(name, value, "true or false")
 
 
 def _quota(value: Any) -> str | None:

@@ -83,6 +83,8 @@ def test_task_config_tolerates_hand_written_junk(executor_config, expected):
         pytest.param("max_preemptions", 0, 0, id="max_preemptions 0 is allowed"),
         pytest.param("gpus", 2097151, 2097151, id="the most gpus a gang of 1024 hosts fits the column with"),
         pytest.param("grace_period_s", 0.5, 0.5, id="half a second of grace"),
+        pytest.param("preemptible", "false", False, id="preemptible false as a string is false"),
+        pytest.param("preemptible", " True ", True, id="preemptible true as a string is true"),
     ],
 )
 def test_task_config_reads_every_value_in_range(field, value, expected):
@@ -126,6 +128,8 @@ SECONDS = "a finite number of seconds > 0"
             id="a grace period past a float",
         ),
         pytest.param("grace_period_s", "soon", f"'soon' is not {SECONDS}", id="grace period in words"),
+        pytest.param("preemptible", "no", "'no' is not true or false", id="preemptible in other words"),
+        pytest.param("preemptible", 0, "0 is not true or false", id="a number is no yes or no"),
         pytest.param(
             "quota", "q" * 129, "'qqqqqqqqqqqq...qqqqqqqqqqqqq' is not a quota name of at most 128 characters",
             id="a quota name longer than the job table's",
