@@ -17,6 +17,8 @@ from airflow.providers.amazon.aws.utils.mixins import aws_template_fields
 from airflow.providers.common.compat.sdk import AirflowException, conf
 
 from airflow_quota_provider.hooks.batch_quota import TASK_INSTANCE_TAG, BatchQuotaShareHook
+from airflow_quota_provider.operators.arguments import _check_int
+from airflow_quota_provider.protocol import MAX_NODES
 from airflow_quota_provider.triggers.batch_service_job import BatchServiceJobTrigger
 
 if TYPE_CHECKING:
@@ -75,6 +77,51 @@ def _preemption_retries(preemption_config: dict[str, Any] | None, retries: int |
     return values[0] if values else None
 
 
+def _has_template(value: Any) -> bool:
+    """Whether rendering may change ``value``: a Jinja string in it, or anything but JSON values (an XComArg)."""
+    if isinstance(value, str):
+        return any(mark in value for mark in ("{{", "{%", "{#"))
+    if isinstance(value, dict):
+        return any(_has_template(k) or _has_template(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_template(item) for item in value)
+    return not (value is None or isinstance(value, bool | int | float))
+
+
+def _sized_request(training_job_request: dict[str, Any] | str, nodes: int | None) -> dict[str, Any] | str:
+    """The CreateTrainingJob request with ``ResourceConfig.InstanceCount`` set to ``nodes``.
+
+    ``nodes`` None leaves the request as written. AWS Batch counts a job as InstanceCount units of its
+    quota share, so a request that names another count, or sizes instance groups instead (a
+    heterogeneous cluster), is refused rather than overridden. The request is not modified.
+    """
+    if nodes is None:
+        return training_job_request
+    request = training_job_request
+    if isinstance(request, str):
+        try:
+            request = json.loads(request)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"training_job_request: not a JSON object ({error})") from None
+    if not isinstance(request, dict):
+        raise ValueError(f"training_job_request: {request!r} is not a CreateTrainingJob request (a JSON object)")
+    resources = request.get("ResourceConfig", {})
+    if not isinstance(resources, dict):
+        raise ValueError(f"training_job_request.ResourceConfig: {resources!r} is not an object")
+    if "InstanceGroups" in resources:
+        raise ValueError(
+            f"nodes: {nodes} cannot size training_job_request's ResourceConfig.InstanceGroups (a heterogeneous "
+            "cluster); set each group's InstanceCount there and leave nodes None"
+        )
+    count = resources.get("InstanceCount", nodes)
+    if count != nodes:
+        raise ValueError(
+            f"nodes: {nodes} conflicts with training_job_request's ResourceConfig.InstanceCount {count!r}; "
+            "set one of them"
+        )
+    return {**request, "ResourceConfig": {**resources, "InstanceCount": nodes}}
+
+
 class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
     """
     Queue a SageMaker training job on an AWS Batch job queue with shared quotas, and wait for it.
@@ -93,6 +140,10 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
 
     :param job_queue: The Batch job queue (name or ARN), of type SAGEMAKER_TRAINING. (templated)
     :param training_job_request: The CreateTrainingJob request, as a dict or JSON string. (templated)
+    :param nodes: The instances the training job runs on, 1 to ``MAX_NODES``: sets the request's
+        ``ResourceConfig.InstanceCount``, which AWS Batch counts as that many units of the quota share.
+        None (default) leaves the request's own. A request naming another InstanceCount is refused when
+        the DAG is parsed, or, if it is templated, when it is rendered, before anything is submitted.
     :param job_name: The service job's name; default ``<dag_id>-<task_id>-<hash>``. (templated)
     :param quota_share_name: The quota share (the quota file's quota name). (templated)
     :param priority: ``schedulingPriority`` 0-9999, higher first (SageMaker SDK name; alias
@@ -132,6 +183,7 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
         *,
         job_queue: str,
         training_job_request: dict[str, Any] | str,
+        nodes: int | None = None,
         job_name: str | None = None,
         quota_share_name: str | None = None,
         priority: int | str | None = None,
@@ -151,6 +203,9 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
         if priority is not None and scheduling_priority is not None:
             raise ValueError("give priority or scheduling_priority (the same thing), not both")
         self.job_queue = job_queue
+        self.nodes = _check_int("nodes", nodes, minimum=1, maximum=MAX_NODES, allow_none=True)
+        if not _has_template(training_job_request):
+            _sized_request(training_job_request, self.nodes)  # refused now, not when the task runs
         self.training_job_request = training_job_request
         self.job_name = job_name
         self.quota_share_name = quota_share_name
@@ -171,6 +226,7 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
     # ------------------------------------------------------------------ submit or reattach
     def execute(self, context: Context) -> str:
         ti = context["ti"]
+        request = _sized_request(self.training_job_request, self.nodes)
         key = task_instance_key(ti)
         job_name = self.job_name or default_job_name(ti, key)
         if not _NAME.match(job_name):
@@ -191,7 +247,7 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
             if replaces:
                 self.log.info("The earlier try's service job %s FAILED (%s); submitting a new one.",
                               replaces, earlier.get("statusReason"))
-            self.job_id = self._submit(job_name, key, client_token(key, replaces), replaces)
+            self.job_id = self._submit(request, job_name, key, client_token(key, replaces), replaces)
         ti.xcom_push(key=XCOM_JOB_ID, value=self.job_id)
 
         description = self.hook.describe_service_job(self.job_id)
@@ -214,13 +270,15 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
             )
         return self._wait(context)
 
-    def _submit(self, job_name: str, key: str, token: str, replaces: str | None) -> str:
+    def _submit(
+        self, request: dict[str, Any] | str, job_name: str, key: str, token: str, replaces: str | None
+    ) -> str:
         tags = {**(self.tags or {}), TASK_INSTANCE_TAG: key}
         try:
             response = self.hook.submit_service_job(
                 job_name=job_name,
                 job_queue=self.job_queue,
-                training_job_request=self.training_job_request,
+                training_job_request=request,
                 quota_share_name=self.quota_share_name,
                 scheduling_priority=_priority(self.priority, "priority"),
                 preemption_retries_before_termination=self.preemption_retries_before_termination,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from airflow_quota_provider.operators.batch_training import (
     task_instance_key,
 )
 from airflow_quota_provider.policy import parse_quota_file
+from airflow_quota_provider.protocol import MAX_NODES
 from airflow_quota_provider.triggers.batch_service_job import BatchServiceJobTrigger
 
 UNIT = "ml.p4d.24xlarge"
@@ -39,6 +41,8 @@ REQUEST = {
     "ResourceConfig": {"InstanceType": UNIT, "InstanceCount": 1, "VolumeSizeInGB": 50},
     "StoppingCondition": {"MaxRuntimeInSeconds": 86400},
 }
+#: The request without an InstanceCount of its own, for the operator's ``nodes`` to set.
+UNSIZED = {**REQUEST, "ResourceConfig": {"InstanceType": UNIT, "VolumeSizeInGB": 50}}
 
 
 # Airflow 3 logs through structlog to stdout: the tests read task logs with capsys.
@@ -344,3 +348,66 @@ def test_another_refusal_of_a_resubmission_is_raised_not_taken_for_the_failed_jo
     with pytest.raises(ClientError, match="DISABLED and accepts no new jobs"):
         operator().execute({"ti": RecordingTI(try_number=2)})
     assert len(queue.calls_of("SubmitServiceJob")) == 2 and len(queue.jobs) == 1
+
+
+@pytest.mark.parametrize("request_as", [dict, json.dumps], ids=["dict", "JSON string"])
+def test_nodes_are_the_training_jobs_instance_count_and_its_units_of_the_quota_share(queue, request_as):
+    queue.default_script = ["RUNNING", "SUCCEEDED"]
+    ti = RecordingTI()
+
+    with pytest.raises(TaskDeferred):  # it is RUNNING: the share's usage is read before it ends
+        operator(training_job_request=request_as(UNSIZED), nodes=2, deferrable=True).execute({"ti": ti})
+
+    payload = json.loads(queue.calls_of("SubmitServiceJob")[0]["serviceRequestPayload"])
+    assert payload == {**UNSIZED, "ResourceConfig": {**UNSIZED["ResourceConfig"], "InstanceCount": 2}}
+    in_use = {row["quota_share"]: row["in_use"] for row in BatchQuotaShareHook().quota_share_usage(JOB_QUEUE)}
+    assert in_use == {"team-a": 2.0, "team-b": 0.0}
+    assert UNSIZED["ResourceConfig"] == {"InstanceType": UNIT, "VolumeSizeInGB": 50}  # the operator's copy
+
+
+def test_without_nodes_the_request_is_submitted_as_written(queue):
+    queue.default_script = ["RUNNING", "SUCCEEDED"]
+    written = json.dumps(REQUEST, indent=1)
+
+    operator(training_job_request=written).execute({"ti": RecordingTI()})
+
+    assert queue.calls_of("SubmitServiceJob")[0]["serviceRequestPayload"] == written
+
+
+def test_nodes_equal_to_the_requests_own_instance_count_are_accepted(queue):
+    queue.default_script = ["RUNNING", "SUCCEEDED"]
+
+    operator(nodes=1).execute({"ti": RecordingTI()})
+
+    assert json.loads(queue.calls_of("SubmitServiceJob")[0]["serviceRequestPayload"]) == REQUEST
+
+
+def test_nodes_that_conflict_with_the_requests_instance_count_are_refused_at_parse_time():
+    conflict = r"^nodes: 4 conflicts with training_job_request's ResourceConfig\.InstanceCount 1; set one of them$"
+    with pytest.raises(ValueError, match=conflict):
+        operator(nodes=4)
+
+
+def test_nodes_that_conflict_with_a_templated_instance_count_are_refused_once_rendered_before_submitting(queue):
+    templated = json.dumps(UNSIZED).replace('"ResourceConfig": {', '"ResourceConfig": {"InstanceCount": {{ params.n }}, ')
+    op = operator(training_job_request=templated, nodes=4)  # nothing to compare before rendering
+
+    op.render_template_fields({"params": {"n": 3}})
+    conflict = r"^nodes: 4 conflicts with training_job_request's ResourceConfig\.InstanceCount 3; set one of them$"
+    with pytest.raises(ValueError, match=conflict):
+        op.execute({"ti": RecordingTI()})
+    assert queue.calls_of("SubmitServiceJob") == [] and queue.jobs == {}
+
+
+def test_nodes_cannot_size_a_heterogeneous_cluster():
+    groups = {"InstanceGroups": [{"InstanceGroupName": "workers", "InstanceType": UNIT, "InstanceCount": 2}]}
+    refusal = r"^nodes: 2 cannot size training_job_request's ResourceConfig\.InstanceGroups \(a heterogeneous cluster\)"
+    with pytest.raises(ValueError, match=refusal):
+        operator(training_job_request={**UNSIZED, "ResourceConfig": groups}, nodes=2)
+
+
+@pytest.mark.parametrize("nodes", [0, -1, MAX_NODES + 1, True, 2.0, "2"])
+def test_nodes_outside_1_to_max_nodes_are_refused_naming_the_range(nodes):
+    allowed = rf"^nodes: {re.escape(repr(nodes))} is not an integer from 1 to {MAX_NODES} or None$"
+    with pytest.raises(ValueError, match=allowed):
+        operator(training_job_request=UNSIZED, nodes=nodes)
