@@ -3,11 +3,13 @@
 lives and returns only once none does; a launch that outlives SIGKILL is named in a TimeoutError,
 and the host is not proven free.
 
-SIGKILL does not end every process at once: one in uninterruptible sleep (a driver call that hangs)
-or one that a debugger holds lives on. These tests use the second, which needs no privilege: a
-debugger (``ptrace`` with ``PTRACE_O_TRACEEXIT``) stops the launch's guard at its exit, SIGKILLed,
-until it lets go. A zombie would not do: it has exited, and counts as gone (``process_alive``; a
-cgroup v2 that holds only zombies is not populated either).
+SIGKILL does not end every process at once: one stuck in its exit (a driver that does not let go of
+its device, a debugger that holds it) takes no more signals. These tests use a debugger, which needs
+no privilege: ``ptrace`` with ``PTRACE_O_TRACEEXIT`` holds the launch's guard in its exit, once its
+task has ended, until the test lets go. It is held before anyone kills it: a SIGKILL that reached a
+traced process in any other stop would end it without the exit stop. A zombie would not do: it has
+exited, and counts as gone (``process_alive``; a cgroup v2 that holds only zombies is not
+populated either).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import os
 import re
 import select
 import signal
+import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -46,10 +49,10 @@ def _ptrace(request: int, pid: int, data: int = 0) -> None:
 
 
 @contextlib.contextmanager
-def held_launch(state_dir: Path, job_id: int, *, hold_s: float = 600.0) -> Iterator[int]:
-    """A real launch of ``job_id`` recorded in ``state_dir`` (guard, supervisor, task) whose guard a
-    debugger holds at its exit, once it is killed, for ``hold_s`` (or until the block ends); yields
-    the guard's pid. The debugger is the guard's parent, and reaps it once it lets go."""
+def held_launch(state_dir: Path, job_id: int) -> Iterator[Callable[[], None]]:
+    """A real launch of ``job_id`` recorded in ``state_dir`` whose task has ended and whose guard a
+    debugger holds in its exit; yields the function that lets it finish (called at the latest when
+    the block ends). The debugger is the guard's parent, and reaps it once it lets go."""
     ready_r, ready_w = os.pipe()
     release_r, release_w = os.pipe()
     debugger = os.fork()
@@ -58,7 +61,7 @@ def held_launch(state_dir: Path, job_id: int, *, hold_s: float = 600.0) -> Itera
         try:
             os.close(ready_r)
             os.close(release_w)
-            _debug(state_dir, job_id, hold_s, ready=ready_w, release=release_r)
+            _debug(state_dir, job_id, ready=ready_w, release=release_r)
             code = 0
         except BaseException:
             traceback.print_exc()
@@ -66,44 +69,55 @@ def held_launch(state_dir: Path, job_id: int, *, hold_s: float = 600.0) -> Itera
             os._exit(code)
     os.close(ready_w)
     os.close(release_r)
+
+    def release() -> None:
+        with contextlib.suppress(OSError):  # let go already
+            os.close(release_w)
+
     try:
         with os.fdopen(ready_r) as ready:  # the launch holds this pipe too: a debugger that failed never closes it
             said = ready.readline().strip() if select.select([ready], [], [], 30)[0] else ""
         if said.startswith("no debugger"):
             pytest.skip(f"{said}: this machine does not let a process trace its child")
-        if not said.isdigit():
-            pytest.fail("the debugger could not start the launch (its traceback is in the captured stderr)")
-        yield int(said)
+        if said != "held":
+            pytest.fail("the debugger could not hold the launch (its traceback is in the captured stderr)")
+        yield release
     finally:
-        os.close(release_w)  # from now on the debugger lets go at once
-        LocalLauncher(state_dir, cgroups=False).end_leftovers(timeout_s=30)  # what the test left running
+        release()
         _wait_for_exit(debugger)
 
 
-def _debug(state_dir: Path, job_id: int, hold_s: float, *, ready: int, release: int) -> None:  # pragma: no cover
-    """Start the launch, trace its guard, and hold the guard at its exit for ``hold_s`` or until
-    ``release`` closes; every other stop goes on as it would without a debugger."""
+def _debug(state_dir: Path, job_id: int, *, ready: int, release: int) -> None:  # pragma: no cover
+    """Start the launch and trace its guard; let its task end, and hold the guard in its exit
+    until ``release`` closes. An exiting process takes no more signals: SIGKILL cannot hurry it."""
     launcher = LocalLauncher(state_dir, cgroups=False)
-    guard = launcher.start(job_id, lambda: time.sleep(600) or 0, {})
+    traced = state_dir / f"traced-{job_id}"
+    guard = launcher.start(job_id, lambda: _wait_for(traced), {})
     try:
         _ptrace(PTRACE_SEIZE, guard, PTRACE_O_TRACEEXIT)
     except OSError as e:
-        launcher.kill_job(job_id, guard)
+        traced.touch()
         os.waitpid(guard, 0)
         os.write(ready, f"no debugger ({e})\n".encode())
         return
-    os.write(ready, f"{guard}\n".encode())
+    traced.touch()  # the task ends, and the guard after it
     while True:
         _, status = os.waitpid(guard, 0)
         if not os.WIFSTOPPED(status):
             return  # gone, and reaped
         event = status >> 16
         if event == PTRACE_EVENT_EXIT:
-            select.select([release], [], [], hold_s)
+            os.write(ready, b"held\n")
+            select.select([release], [], [])
         elif event:
-            continue  # a group stop (the SIGSTOP delivered): it stays stopped, as without a debugger
-        with contextlib.suppress(ProcessLookupError):  # SIGKILL took it out of a signal's stop: it goes on to its exit
-            _ptrace(PTRACE_CONT, guard, 0 if event else os.WSTOPSIG(status))
+            continue  # a group stop: it stays stopped, as without a debugger
+        _ptrace(PTRACE_CONT, guard, 0 if event else os.WSTOPSIG(status))
+
+
+def _wait_for(path: Path) -> int:  # pragma: no cover - the task, in the launch's supervisor
+    while not path.exists():
+        time.sleep(0.01)
+    return 0
 
 
 def _wait_for_exit(debugger: int, timeout_s: float = 30.0) -> None:
@@ -139,9 +153,10 @@ def test_a_launch_that_outlives_sigkill_is_named_and_the_host_is_not_proven_free
 
 
 def test_a_leftover_slow_to_die_is_waited_for_and_its_job_returned_once_gone(tmp_path):
-    with held_launch(tmp_path, JOB, hold_s=1.0):
+    with held_launch(tmp_path, JOB) as release:
         restarted = LocalLauncher(tmp_path, cgroups=False)
         started = time.monotonic()
+        threading.Timer(1.0, release).start()
         assert restarted.end_leftovers(timeout_s=30) == [JOB]
         assert time.monotonic() - started >= 1.0, "it returned before the held launch was gone"
         assert not restarted.running(JOB)
