@@ -167,6 +167,15 @@ def get_provider_info():
                         "example": "60",
                         "default": "60",
                     },
+                    "leftover_wait_s": {
+                        "description": "How long `airflow quota worker` waits, at start and when its "
+                        "lost host rejoins, for killed launches of its jobs to be gone before it hands "
+                        "its GPUs out; past it the worker exits 2 (at start) or the host stays lost.",
+                        "version_added": "0.3.0",
+                        "type": "float",
+                        "example": "60",
+                        "default": "60",
+                    },
                     "host_lost_after_s": {
                         "description": "A GPU host silent this long is lost: its GPUs leave the pool and "
                         "its jobs are requeued at their original place without using an Airflow retry "

@@ -113,12 +113,19 @@ def _rejoin(name: str, launcher) -> None:
     from airflow.utils.session import create_session
     from airflow_quota_provider.models.host import rejoin_host
 
-    ended = launcher.end_leftovers()
+    ended = launcher.end_leftovers(timeout_s=_leftover_wait_s())
     if ended:
         log.warning("Host %s was lost: ended the launches of jobs %s that still ran here", name, ended)
     with create_session() as session:
         rejoin_host(name, session=session)
     log.info("Host %s rejoined: none of its evicted launches runs", name)
+
+
+def _leftover_wait_s() -> float:
+    from airflow.configuration import conf
+    from airflow_quota_provider.executors.local_launcher import LEFTOVER_WAIT_S
+
+    return conf.getfloat("quota", "leftover_wait_s", fallback=LEFTOVER_WAIT_S)
 
 
 def worker(args) -> None:
@@ -144,7 +151,7 @@ def worker(args) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ[celery_worker.STATE_DIR_ENV] = os.path.join(state_dir(), f"host-{name}")
     try:
-        ended = celery_worker.jobs().end_leftovers()
+        ended = celery_worker.jobs().end_leftovers(timeout_s=_leftover_wait_s())
     except TimeoutError as e:  # exit 2, not 1: the host cannot prove that none of its launches runs
         print(f"Error: host {name}: {e}; its GPUs are not handed out", file=sys.stderr)
         raise SystemExit(2)

@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import sessionmaker
 
 from airflow_quota_provider.cli.worker_command import _beat
-from airflow_quota_provider.executors.local_launcher import LEFTOVER_WAIT_S, LocalLauncher
+from airflow_quota_provider.executors.local_launcher import LocalLauncher
 from airflow_quota_provider.models.base import quota_metadata
 from airflow_quota_provider.models.host import (
     HostState,
@@ -28,6 +28,9 @@ from airflow_quota_provider.models.host import (
 from tests.executors.test_leftovers import JOB, held_launch
 
 HOST = "gpu-a"
+
+WAIT_S = 3.0
+"""``[quota] leftover_wait_s`` of the tests that wait for a launch that outlives SIGKILL."""
 
 
 @pytest.fixture
@@ -109,9 +112,10 @@ def test_a_lost_host_ends_its_evicted_launches_before_its_gpus_return(db, launch
     assert db.get(QuotaHost, HOST).state == HostState.ACTIVE.value
 
 
-def test_a_lost_host_whose_evicted_launch_outlives_sigkill_stays_lost(db, tmp_path):
+def test_a_lost_host_whose_evicted_launch_outlives_sigkill_stays_lost(db, tmp_path, monkeypatch):
     """Its GPUs stay out of the pool, and the next heartbeat tries again (the heartbeat thread logs
-    the error). The wait is ``LEFTOVER_WAIT_S`` (60 s): this test takes that long."""
+    the error) after ``[quota] leftover_wait_s``."""
+    monkeypatch.setenv("AIRFLOW__QUOTA__LEFTOVER_WAIT_S", str(WAIT_S))
     with held_launch(tmp_path / "host", JOB):
         db.get(QuotaHost, HOST).heartbeat_at = 0.0
         assert [h.name for h in mark_lost_hosts(30.0, now=100.0, session=db)] == [HOST]
@@ -134,16 +138,17 @@ def test_a_host_name_that_is_not_a_dns_name_is_refused_before_the_worker_starts(
 
 def test_a_worker_whose_leftover_launch_outlives_sigkill_exits_2_before_it_hands_out_its_gpus(tmp_path):
     """A host registers (hands out its GPUs) only once none of its recorded launches lives: one that
-    SIGKILL does not end within the worker's wait stops the worker with exit code 2, naming the job.
-    The wait is ``LEFTOVER_WAIT_S`` (60 s), which no option shortens: this test takes that long."""
+    SIGKILL does not end within the worker's wait (``[quota] leftover_wait_s``) stops the worker with
+    exit code 2, naming the job."""
     with held_launch(tmp_path / f"host-{HOST}", JOB):
         result = subprocess.run(
             ["airflow", "quota", "worker", "--queues", "gpu-fleet", "--virtual-gpus", "1", "--hostname", HOST],
-            capture_output=True, text=True, timeout=LEFTOVER_WAIT_S + 120,
-            env={**os.environ, "AIRFLOW__QUOTA__QUOTA_FILE": "", "AIRFLOW__QUOTA__STATE_DIR": str(tmp_path)},
+            capture_output=True, text=True, timeout=WAIT_S + 120,
+            env={**os.environ, "AIRFLOW__QUOTA__QUOTA_FILE": "", "AIRFLOW__QUOTA__STATE_DIR": str(tmp_path),
+                 "AIRFLOW__QUOTA__LEFTOVER_WAIT_S": str(WAIT_S)},
         )
     expected = (
-        f"Error: host {HOST}: launches of jobs [{JOB}] still run {LEFTOVER_WAIT_S:g} s after SIGKILL; "
+        f"Error: host {HOST}: launches of jobs [{JOB}] still run {WAIT_S:g} s after SIGKILL; "
         "its GPUs are not handed out"
     )
     assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, result.stderr
