@@ -305,7 +305,8 @@ class JobCgroup:
             return []
 
     def populated(self) -> bool:
-        """Whether a process of the job (a zombie not yet reaped counts) still lives in it."""
+        """Whether a process of the job still lives in it (a zombie does not count: cgroup v2 reads
+        populated 0 once only zombies are left, as measured on kernel 6.18)."""
         try:
             for line in (self.path / "cgroup.events").read_text().splitlines():
                 key, _, value = line.partition(" ")
