@@ -107,9 +107,9 @@ class Placement:
         """The host ``preemptor`` waits on for ``victims``, or None where none may hold it.
 
         Victims of other quotas (reclaims) may run anywhere: the quota arithmetic is queue-wide. Victims
-        of its own quota must be on its host: elsewhere their GPUs would free while it waits, and they,
-        requeued, could borrow their way back in at once (the preemption undone, and done again, in a
-        loop). A host has room when its GPUs free once settled, plus those of the victims on it unless
+        of its own quota must be on its host (a gang of its own quota: one of its nodes): elsewhere
+        their GPUs would free while it waits, and they, requeued, could borrow their way back in at
+        once (the preemption undone, and done again, in a loop). A host has room when its GPUs free once settled, plus those of the victims on it unless
         they are ``stopping`` already (then counted there), are at least its GPUs. The host holding
         most of the victims' GPUs with room wins (then the best fit, then by name), so the fleet keeps
         its free hosts for others; without victims of its own, else the host a job without victims
@@ -117,8 +117,9 @@ class Placement:
         same host.
         """
         gpus = preemptor.gpus
-        freed, own = _freed_by(preemptor, victims)
-        if len(own) > 1:
+        freed, owns = _freed_by(preemptor, victims)
+        own = set.intersection(*map(set, owns)) if owns else set()
+        if owns and not own:
             return None
         best: tuple | None = None
         for name, gpus_freed in freed.items():
@@ -152,7 +153,8 @@ class Placement:
         """:meth:`host_for_preemptor` for a gang: its hosts include every host of its own quota's
         victims (at most one per node), then the hosts its victims free most on, then the best fits."""
         per, nodes = preemptor.gpus_per_node, preemptor.nodes
-        freed, own = _freed_by(preemptor, victims)
+        freed, owns = _freed_by(preemptor, victims)
+        own = set().union(*owns)
         if len(own) > nodes:
             return None
         room = {
@@ -223,8 +225,7 @@ class Placement:
     def no_hosts(self, gang: Job) -> str:
         """Why a gang that fits its quota waits: fewer than ``nodes`` hosts have its GPUs per node free."""
         per = gang.gpus_per_node
-        free = {name: max(0, self.free(name)) for name in self.names}
-        have = sorted((name for name in self.names if free[name] >= per), key=lambda name: (-free[name], name))
+        have = [name for free in range(self.largest, per - 1, -1) for name in self._by_free.get(free, ())]  # most free first
         shown = ", ".join(have[:_HOSTS_SHOWN]) + (f" and {len(have) - _HOSTS_SHOWN} others" if len(have) > _HOSTS_SHOWN else "")
         return (
             f"needs {gang.nodes} hosts with {_gpus(per)} free, {len(have)} {'has' if len(have) == 1 else 'have'}"
@@ -286,14 +287,14 @@ def _per_host(job: Job, where: str | tuple[str, ...]) -> tuple[tuple[str, int], 
     return tuple((name, job.gpus_per_node) for name in where)
 
 
-def _freed_by(preemptor: Job, victims: Iterable[Job]) -> tuple[dict[str, int], set[str]]:
-    """GPUs ``victims`` free per host, and the hosts of those of the preemptor's own quota."""
+def _freed_by(preemptor: Job, victims: Iterable[Job]) -> tuple[dict[str, int], list[tuple[str, ...]]]:
+    """GPUs ``victims`` free per host, and the hosts of each of those of the preemptor's own quota."""
     freed: dict[str, int] = defaultdict(int)
-    own: set[str] = set()
+    own: list[tuple[str, ...]] = []
     for victim in victims:
         per = victim.gpus_per_node
         for host in victim.placed_on:
             freed[host] += per
-            if victim.quota == preemptor.quota:
-                own.add(host)
+        if victim.quota == preemptor.quota:
+            own.append(victim.placed_on)
     return freed, own

@@ -278,7 +278,10 @@ def _gang_targets(
     costs = []
     # The hosts nearest to room first, and a few more than it needs: a fleet has hundreds, and a
     # host that lacks more rarely makes room more cheaply.
-    near = sorted((per - settled[name], name) for name in live if 0 < per - settled[name] <= candidates.gpus_on(name))
+    near = sorted(
+        (per - settled[name], name) for name in candidates.hosts()
+        if name not in placement.down and 0 < per - settled[name] <= candidates.gpus_on(name)
+    )
     for lacking, name in near[:need + _GANG_HOSTS_SEARCHED]:
         taken, freed = [], 0
         for candidate, _ in candidates.on_host(preemptor, quota, usage, name, borrow=borrow):

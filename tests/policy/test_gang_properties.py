@@ -95,11 +95,10 @@ def test_no_gang_starts_in_part_and_no_host_ever_holds_more_gpus_than_it_has(sta
     for pending in decision.pending:
         if pending.reason.startswith("waiting for"):
             job = jobs[pending.id]
-            if job.nodes > 1:
-                where = _GANG_HELD_ON.search(pending.reason).group(1).split(", ")
-                assert len(set(where)) == job.nodes, pending.reason
-            else:
-                where = _HELD_ON.search(pending.reason).group(1)
+            held_on = (_GANG_HELD_ON if job.nodes > 1 else _HELD_ON).search(pending.reason)
+            assert held_on, pending.reason
+            where = held_on.group(1) if job.nodes == 1 else held_on.group(1).split(", ")
+            assert job.nodes == 1 or len(set(where)) == job.nodes, pending.reason
             for name, held in _each_node(job, where):
                 settled[name] += held
     assert all(now[name] <= gpus[name] for name in gpus), (now, decision)

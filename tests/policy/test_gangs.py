@@ -113,6 +113,16 @@ def test_a_gangs_victims_free_a_host_for_each_node_and_it_waits_there_with_its_g
     )
 
 
+def test_a_job_on_one_host_preempts_its_own_quotas_gang_and_waits_on_one_of_its_hosts():
+    state = (
+        queue(16).quota("a", 8).quota("b", 8).host("h1", 8).host("h2", 8)
+        .run_gang("ag0", "a", 4, ["h1", "h2"], 0).run("b1", "b", 4, host="h1").run("b2", "b", 4, host="h2")
+        .wait("a1", "a", 4, 5).build()
+    )
+    decision = placed(state, {}, [("ag0", "a1", "within_quota")])
+    assert reason_of(decision, "a1") == "waiting for preempted jobs to stop: ag0; its 4 GPUs on h1 are held for it"
+
+
 def test_a_gang_starts_once_its_victims_are_gone():
     state = (
         queue(16).quota("a", 8).quota("b", 8).host("h1", 8).host("h2", 8)

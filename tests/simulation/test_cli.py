@@ -165,7 +165,7 @@ def test_run_with_hosts_places_jobs_and_reports_the_fleet(tmp_path):
     report = json.loads(out.read_text())
     assert (report["workload"]["hosts_per_queue"], report["workload"]["gpus_per_host"]) == (2, 4)
     overall = report["policies"]["quota"]["overall"]
-    assert (overall["rejected"], overall["rejected_larger_than_host"]) == (1, 1)
+    assert (overall["rejected"], overall["gang_jobs"], overall["completed"]) == (0, 1, 2)  # big: 2 nodes of 4
 
 
 @pytest.mark.parametrize(
