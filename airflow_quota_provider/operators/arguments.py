@@ -34,7 +34,7 @@ class QuotaTaskArgumentError(ValueError):
         self.message = message
 
 
-def _check_int(
+def check_int(
     field_name: str, value: Any, *, minimum: int, maximum: int | None = None, allow_none: bool = False
 ) -> int | None:
     if value is None and allow_none:
@@ -80,10 +80,10 @@ def quota_operator_kwargs(
         raise QuotaTaskArgumentError(
             "quota", f"{quota!r} is not a quota name (letters, digits, '_', '.', '-'; the quota's pool name)"
         )
-    _check_int("gpus", gpus, minimum=1)
-    _check_int("nodes", nodes, minimum=1, maximum=MAX_NODES)
-    _check_int("priority", priority, minimum=0)
-    _check_int("max_preemptions", max_preemptions, minimum=0, allow_none=True)
+    check_int("gpus", gpus, minimum=1)
+    check_int("nodes", nodes, minimum=1, maximum=MAX_NODES)
+    check_int("priority", priority, minimum=0)
+    check_int("max_preemptions", max_preemptions, minimum=0, allow_none=True)
     grace_period_s = positive_seconds("grace_period", grace_period)
     if not isinstance(preemptible, bool):
         raise QuotaTaskArgumentError("preemptible", f"{preemptible!r} is not True or False")

@@ -17,7 +17,7 @@ from airflow.providers.amazon.aws.utils.mixins import aws_template_fields
 from airflow.providers.common.compat.sdk import AirflowException, conf
 
 from airflow_quota_provider.hooks.batch_quota import TASK_INSTANCE_TAG, BatchQuotaShareHook
-from airflow_quota_provider.operators.arguments import _check_int
+from airflow_quota_provider.operators.arguments import check_int
 from airflow_quota_provider.protocol import MAX_NODES
 from airflow_quota_provider.triggers.batch_service_job import BatchServiceJobTrigger
 
@@ -203,7 +203,7 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
         if priority is not None and scheduling_priority is not None:
             raise ValueError("give priority or scheduling_priority (the same thing), not both")
         self.job_queue = job_queue
-        self.nodes = _check_int("nodes", nodes, minimum=1, maximum=MAX_NODES, allow_none=True)
+        self.nodes = check_int("nodes", nodes, minimum=1, maximum=MAX_NODES, allow_none=True)
         if not _has_template(training_job_request):
             _sized_request(training_job_request, self.nodes)  # refused now, not when the task runs
         self.training_job_request = training_job_request
