@@ -107,14 +107,14 @@ class Placement:
         """The host ``preemptor`` waits on for ``victims``, or None where none may hold it.
 
         Victims of other quotas (reclaims) may run anywhere: the quota arithmetic is queue-wide. Victims
-        of its own quota must be on its host (a gang of its own quota: one of its nodes): elsewhere
-        their GPUs would free while it waits, and they, requeued, could borrow their way back in at
-        once (the preemption undone, and done again, in a loop). A host has room when its GPUs free once settled, plus those of the victims on it unless
-        they are ``stopping`` already (then counted there), are at least its GPUs. The host holding
-        most of the victims' GPUs with room wins (then the best fit, then by name), so the fleet keeps
-        its free hosts for others; without victims of its own, else the host a job without victims
-        would get (:meth:`host_for`). Asked again in later cycles while the victims stop, it gives the
-        same host.
+        of its own quota must be on its host (a gang of its own quota: one of its nodes): elsewhere their
+        GPUs would free while it waits, and they, requeued, could borrow their way back in at once (the
+        preemption undone, and done again, in a loop). A host has room when its GPUs free once settled, plus
+        those of the victims on it unless they are ``stopping`` already (then counted there), are at least
+        its GPUs. The host holding most of the victims' GPUs with room wins (then the best fit, then by
+        name), so the fleet keeps its free hosts for others; without victims of its own, else the host a job
+        without victims would get (:meth:`host_for`). Asked again in later cycles while the victims stop, it
+        gives the same host.
         """
         gpus = preemptor.gpus
         freed, owns = _freed_by(preemptor, victims)
