@@ -36,10 +36,13 @@ class Explainer:
         """A job whose capacity (and, with hosts, GPUs on ``host``, a gang's on its hosts) is held while
         jobs stop, or finish on their own (``awaited``: expected to end before a preemption's grace
         period would, or within their quota's ``spare_finishing_within_s``, so not preempted)."""
-        if isinstance(host, tuple):
-            return self._gang_held(job, victims, host, awaited)
+        gang = isinstance(host, tuple)
         if victims or awaited:
-            where = f"; its {job.gpus} GPUs on {host} are held for it" if host is not None else ""
+            where = ""
+            if gang:
+                where = f"; its {job.gpus_per_node} GPUs on each of {', '.join(host)} are held for it"
+            elif host is not None:
+                where = f"; its {job.gpus} GPUs on {host} are held for it"
             parts = [f"waiting for preempted jobs to stop: {', '.join(victims)}"] if victims else []
             if awaited:
                 parts.append(
@@ -47,6 +50,12 @@ class Explainer:
                     f"on {'its' if len(awaited) == 1 else 'their'} own (spared, not preempted)"
                 )
             return "; ".join(parts) + where
+        if gang:
+            busy = [name for name in host if self.placement.free_now[name] < job.gpus_per_node]
+            return (
+                f"waiting for stopping jobs to release GPUs on {', '.join(busy)}; its {job.gpus_per_node} GPUs on "
+                f"each of {', '.join(host)} are held for it"
+            )
         if host is not None:
             return (
                 f"waiting for stopping jobs to release GPUs on {host}: needs {job.gpus}, "
@@ -56,16 +65,6 @@ class Explainer:
             f"waiting for stopping jobs to release GPUs: needs {job.gpus}, "
             f"{self.usage.physically_free()} free; its capacity is held"
         )
-
-    def _gang_held(self, job: Job, victims: list[str], hosts: tuple[str, ...], awaited: Sequence[Job]) -> str:
-        where = f"its {job.gpus_per_node} GPUs on each of {', '.join(hosts)} are held for it"
-        parts = [f"waiting for preempted jobs to stop: {', '.join(victims)}"] if victims else []
-        if awaited:
-            parts.append(f"waiting for {', '.join(self._expected_end(spared) for spared in awaited)} to finish on their own")
-        if not parts:
-            busy = [name for name in hosts if self.placement.free_now[name] < job.gpus_per_node]
-            parts.append(f"waiting for stopping jobs to release GPUs on {', '.join(busy)}")
-        return "; ".join([*parts, where])
 
     def _expected_end(self, job: Job) -> str:
         """``job`` and when it is expected to end: a spared job may have outlived its estimate (it is
