@@ -45,9 +45,15 @@ host) and the task runtime (operator, ``@task.quota``) all read it.
      rendezvous: torchrun's ``--rdzv-id``/``--rdzv-endpoint``).
 
    The operator passes them on to its command unchanged (its ``env`` cannot override them).
+
+   The other nodes (members) are not Airflow tasks: the executor starts them once node 0 has told
+   it its rendered command (:class:`GangCommand`), as the XCom :data:`GANG_XCOM_KEY` of the task
+   instance, and stops the gang when one of them fails (a notice with :data:`GANG_NODE_FAILED`).
 3. **The preemption notice** (:class:`PreemptionNotice`): a JSON file
    ``{"reason", "preemptor", "deadline"}`` (``deadline`` in seconds since the epoch), plus
-   ``"fail": true`` and a ``"message"`` past the task's preemption limit, written atomically to
+   ``"fail": true`` and a ``"message"`` past the task's preemption limit, or the reason
+   :data:`GANG_NODE_FAILED` and a ``"message"`` when a member of the task's gang failed (the task
+   stops as for a preemption, then fails with the message, retries allowed), written atomically to
    :data:`PREEMPT_FILE` in the launch's job directory (:func:`write_notice`). The file is the
    signal; a SIGTERM without it is an ordinary kill. The task polls it (:func:`read_notice`) and,
    once it has stopped, renames it with :data:`HANDLED_SUFFIX` (:func:`acknowledge_notice`).
@@ -109,6 +115,11 @@ GANG_VARIABLES = (
 PREEMPT_FILE = "preempt.json"
 #: Appended to the notice's path by the task once it has acted on it.
 HANDLED_SUFFIX = ".handled"
+#: A notice's reason when a member of the task's gang failed: node 0 stops its command and fails.
+GANG_NODE_FAILED = "gang_node_failed"
+
+#: The XCom key under which a gang's node 0 publishes its command (:meth:`GangCommand.to_dict`).
+GANG_XCOM_KEY = "quota_gang"
 
 #: The quota file's default grace period (the policy owns it; the policy never imports this module).
 DEFAULT_GRACE_PERIOD_S: float = Quota.grace_period_s
@@ -400,6 +411,41 @@ class GangEnvironment:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class GangCommand:
+    """
+    Node 0's rendered command, which the executor runs on every other node of the gang, each with
+    its own :class:`GangEnvironment` (node 0 publishes it as the XCom :data:`GANG_XCOM_KEY`).
+
+    ``env`` is only what node 0's command gets beyond its host's environment: the task's ``env``
+    and the run's ``QUOTA_CHECKPOINT_DIR``, ``QUOTA_RESUME_FROM`` and ``QUOTA_PREEMPTION_COUNT``.
+    Never the task process's environment (it holds Airflow's tokens; an XCom is stored in the
+    metadata DB and shown in the UI) and never the gang's variables (each member gets its own).
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> GangCommand:
+        """Strict, unlike a notice: a member started with a guessed command would hang or corrupt the
+        gang, so anything malformed raises ValueError naming the field."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{GANG_XCOM_KEY}: {reprlib.repr(data)} is not an object with argv, env and cwd")
+        argv, env, cwd = data.get("argv"), data.get("env"), data.get("cwd")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError(f"argv: {reprlib.repr(argv)} is not a non-empty list of strings")
+        if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ValueError(f"env: {reprlib.repr(env)} is not a dict of strings to strings")
+        if cwd is not None and not isinstance(cwd, str):
+            raise ValueError(f"cwd: {reprlib.repr(cwd)} is not a path string or None")
+        return cls(argv=list(argv), env=dict(env), cwd=cwd)
+
+
 #: GangEnvironment's fields: the variable each is read from, and its type.
 _GANG_FIELDS: dict[str, tuple[str, Any]] = {
     "nnodes": (ENV_NNODES, int),
@@ -434,11 +480,14 @@ class PreemptionNotice:
     fail: bool = False
     """Past the preemption limit: the task must fail (with ``message``) instead of being requeued."""
     message: str | None = None
+    """Why the task must fail: with ``fail``, or with the reason :data:`GANG_NODE_FAILED`."""
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"reason": self.reason, "preemptor": self.preemptor, "deadline": self.deadline}
         if self.fail:
-            data.update(fail=True, message=self.message)
+            data["fail"] = True
+        if self.message is not None:
+            data["message"] = self.message
         return data
 
     @classmethod

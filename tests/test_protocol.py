@@ -10,8 +10,10 @@ from airflow_quota_provider.policy.config import Quota
 from airflow_quota_provider.protocol import (
     DEFAULT_GRACE_PERIOD_S,
     EXECUTOR_CONFIG_KEY,
+    GANG_NODE_FAILED,
     GANG_VARIABLES,
     HANDLED_SUFFIX,
+    GangCommand,
     GangEnvironment,
     GangEnvironmentError,
     PreemptionNotice,
@@ -316,6 +318,10 @@ def test_default_grace_period_is_the_quota_files():
             PreemptionNotice("reclaim", "j9", 1000.5, fail=True, message="max_preemptions is 2"),
             id="a failing preemption keeps its message",
         ),
+        pytest.param(
+            PreemptionNotice(GANG_NODE_FAILED, None, 1000.5, message="node 1 of 2 on host gpu-b exited with code 1"),
+            id="a failed gang member's notice keeps its message without failing outright",
+        ),
     ],
 )
 def test_notice_write_read(tmp_path, notice):
@@ -359,3 +365,32 @@ def test_acknowledged_notice_is_renamed_and_no_longer_read(tmp_path):
     acknowledge_notice(path)  # twice: nothing there any more, no error
     assert read_notice(path) is None
     assert (tmp_path / f"preempt.json{HANDLED_SUFFIX}").exists()
+
+
+def test_gang_command_survives_a_json_round_trip():
+    command = GangCommand(argv=["torchrun", "train.py"], env={"QUOTA_RESUME_FROM": ""}, cwd=None)
+    assert GangCommand.from_dict(json.loads(json.dumps(command.to_dict()))) == command
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        pytest.param({"argv": []}, "argv: [] is not a non-empty list of strings", id="empty argv"),
+        pytest.param({"argv": "torchrun x.py"}, "argv: 'torchrun x.py' is not a non-empty list", id="argv a string"),
+        pytest.param({"argv": ["torchrun", 3]}, "argv: ['torchrun', 3] is not a non-empty", id="argv not all strings"),
+        pytest.param({"argv": None}, "argv: None is not", id="no argv"),
+        pytest.param({"env": {"N": 3}}, "env: {'N': 3} is not a dict of strings to strings", id="env value a number"),
+        pytest.param({"env": ["A=1"]}, "env: ['A=1'] is not a dict", id="env a list"),
+        pytest.param({"cwd": 7}, "cwd: 7 is not a path string or None", id="cwd a number"),
+    ],
+)
+def test_a_malformed_gang_command_is_refused_naming_the_field(changes, message):
+    data = {"argv": ["torchrun", "train.py"], "env": {}, "cwd": "/work", **changes}
+    with pytest.raises(ValueError) as err:
+        GangCommand.from_dict(data)
+    assert str(err.value).startswith(message)
+
+
+def test_a_gang_command_that_is_no_object_is_refused_naming_the_xcom():
+    with pytest.raises(ValueError, match=r"^quota_gang: \['torchrun'\] is not an object with argv, env and cwd"):
+        GangCommand.from_dict(["torchrun"])
