@@ -25,10 +25,11 @@ How a callable learns that it is preempted (``on_preempt``):
 Once preemption was requested, the run ends as ``UP_FOR_RESCHEDULE`` (no retry used, same
 ``try_number``) however the callable ends. The callable also sees ``QUOTA_CHECKPOINT_DIR``,
 ``QUOTA_RESUME_FROM`` and ``QUOTA_PREEMPTION_COUNT`` in ``os.environ``, and ``CUDA_VISIBLE_DEVICES``
-as set by the executor; with ``nodes`` > 1 (a gang, on that many hosts at once) also the gang's
-variables (``MASTER_ADDR``, ``MASTER_PORT``, ``QUOTA_NODE_RANK``, ...: see
-:class:`~airflow_quota_provider.protocol.GangEnvironment`, whose ``read(os.environ)`` gives them
-typed). :func:`current_quota_run` returns the same object as ``quota``.
+as set by the executor. :func:`current_quota_run` returns the same object as ``quota``.
+
+A task on several hosts (``nodes`` > 1) is refused when the DAG is parsed: the gang's other nodes
+are not Airflow tasks and run node 0's command, and a Python callable is none; use
+QuotaTrainingOperator (``torchrun ...``) for it.
 
 Checkpoints are found and kept as for QuotaTrainingOperator (``checkpoint_dir``, templated, or
 ``[quota] checkpoint_root``): ``quota.checkpoint_dir`` and ``quota.resume_from`` are always local
@@ -56,11 +57,13 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow_quota_provider.operators.arguments import (
     DEFAULT_EXECUTOR,
     QuotaTaskArgumentError,
+    check_int,
     quota_operator_kwargs,
     quota_partial_kwargs,
 )
 from airflow_quota_provider.operators.quota_run import POLL_INTERVAL_S, QuotaPreempted, QuotaRun
 from airflow_quota_provider.operators.training import QuotaTaskMixin
+from airflow_quota_provider.protocol import MAX_NODES
 
 if TYPE_CHECKING:
     from airflow.providers.common.compat.sdk import Context, TaskDecorator
@@ -101,6 +104,7 @@ class _QuotaDecoratedOperator(QuotaTaskMixin, DecoratedOperator, PythonOperator)
         **kwargs: Any,
     ) -> None:
         _check_on_preempt(on_preempt)
+        _check_one_host(nodes)  # also for .override(nodes=...), which skips quota_task
         quota_args = {"quota": quota, "gpus": gpus, "nodes": nodes, "priority": priority,
                       "max_preemptions": max_preemptions, "grace_period": grace_period, "preemptible": preemptible,
                       "expected_runtime": expected_runtime}  # fmt: skip
@@ -145,6 +149,14 @@ class _QuotaDecoratedOperator(QuotaTaskMixin, DecoratedOperator, PythonOperator)
 def _check_on_preempt(value: Any) -> None:
     if value not in ON_PREEMPT_VALUES:
         raise QuotaTaskArgumentError("on_preempt", f"{value!r} is not one of {', '.join(ON_PREEMPT_VALUES)}")
+
+
+def _check_one_host(nodes: Any) -> None:
+    check_int("nodes", nodes, minimum=1, maximum=MAX_NODES)
+    if nodes > 1:
+        raise QuotaTaskArgumentError(
+            "nodes", f"{nodes!r} is not 1; nodes > 1 needs a command every host runs: use QuotaTrainingOperator"
+        )
 
 
 @contextlib.contextmanager
@@ -230,14 +242,14 @@ def quota_task(python_callable: Callable | None = None, **kwargs: Any) -> TaskDe
 
     Takes the arguments of :class:`~airflow_quota_provider.operators.training.QuotaTrainingOperator`
     except ``command``/``env``/``cwd``, plus ``on_preempt`` (``"raise"`` or ``"flag"``), and the usual
-    ``BaseOperator`` arguments. Among them ``nodes``: the hosts the task spans (default 1), each with
-    ``gpus`` GPUs; its quota counts ``gpus`` x ``nodes``. And ``expected_runtime`` (seconds or a
-    ``timedelta``): how long one run takes, for the victim search (the least work lost; a run about
-    to end is waited for, not preempted) and the estimated start of waiting jobs; None (default):
-    the median of the task's recent successful durations, else its ``execution_timeout``, else
-    unknown.
+    ``BaseOperator`` arguments; ``nodes`` only as 1, since a callable cannot run on a gang's other
+    hosts. Among them ``expected_runtime`` (seconds or a ``timedelta``): how long one run takes, for
+    the victim search (the least work lost; a run about to end is waited for, not preempted) and the
+    estimated start of waiting jobs; None (default): the median of the task's recent successful
+    durations, else its ``execution_timeout``, else unknown.
     """
     _check_on_preempt(kwargs.get("on_preempt", "raise"))
+    _check_one_host(kwargs.get("nodes", 1))
     return task_decorator_factory(
         python_callable=python_callable,
         decorated_operator_class=_QuotaDecoratedOperator,

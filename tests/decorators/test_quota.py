@@ -43,34 +43,30 @@ def test_decorated_task_gets_quota_pool_priority_and_executor_config():
     }
 
 
-def test_decorated_gang_counts_every_nodes_gpus_and_tells_the_executor_its_gpus_per_host():
-    with DAG("deco_gang"):
+GANG_REFUSED = r"^nodes: 2 is not 1; nodes > 1 needs a command every host runs: use QuotaTrainingOperator$"
 
-        @quota_task(quota="team-a", gpus=8, nodes=4, priority=60)
+
+def test_a_decorated_gang_is_refused_when_the_dag_is_parsed():
+    """A gang's other nodes run node 0's command; a Python callable is none they could run."""
+    with DAG("deco_gang"), pytest.raises(QuotaTaskArgumentError, match=GANG_REFUSED) as err:
+
+        @quota_task(quota="team-a", gpus=8, nodes=2)
         def pretrain(quota=None):
             return 1
 
-        op = pretrain().operator
-    assert (op.pool_slots, op.gpus, op.nodes) == (32, 8, 4)
-    assert op.executor_config[EXECUTOR_CONFIG_KEY] == {
-        "preemptible": True,
-        "max_preemptions": None,
-        "grace_period_s": None,
-        "gpus": 8,
-        "nodes": 4,
-    }
+    assert err.value.field == "nodes"
 
 
-def test_mapped_decorated_gang_knows_its_gpus_and_nodes_before_unmapping():
-    with DAG("deco_mapped_gang"):
+def test_a_decorated_task_overridden_into_a_gang_is_refused():
+    with DAG("deco_override_gang"):
 
-        @quota_task(quota="team-a", gpus=8, nodes=2)
-        def pretrain(lr: float, quota=None):
-            return lr
+        @quota_task(quota="team-a", gpus=8)
+        def pretrain(quota=None):
+            return 1
 
-        op = pretrain.expand(lr=[0.1, 0.01]).operator
-    asked = op.executor_config[EXECUTOR_CONFIG_KEY]
-    assert (op.pool_slots, asked["gpus"], asked["nodes"]) == (16, 8, 2)
+        with pytest.raises(QuotaTaskArgumentError, match=GANG_REFUSED):
+            pretrain.override(nodes=2)()
+        assert pretrain.override(nodes=1)().operator.pool_slots == 8
 
 
 def test_mapped_decorated_task_knows_its_quota_pool_before_unmapping():
