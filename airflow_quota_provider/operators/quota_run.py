@@ -8,7 +8,9 @@ past the notice's deadline less :data:`DEADLINE_MARGIN_S`. It then acknowledges 
 as a reschedule (``AirflowRescheduleException``: the task instance goes to ``UP_FOR_RESCHEDULE``
 and runs again with the same ``try_number``, no retry consumed), or, when the notice says the
 preemption limit is reached, as a failure with the notice's message (``AirflowFailException``, no
-retry). Verified in Airflow 3.3.2: the Task SDK runner maps that exception to a ``RescheduleTask``
+retry). A notice that another node of the task's gang failed (``gang_node_failed``) stops the run
+the same way, which then fails with the notice's message as any failure does (retries allowed).
+Verified in Airflow 3.3.2: the Task SDK runner maps that exception to a ``RescheduleTask``
 message for any operator, not only sensors, and the scheduler does not increment ``try_number`` for
 a task instance that was ``UP_FOR_RESCHEDULE``.
 """
@@ -30,6 +32,7 @@ from airflow_quota_provider.protocol import (
     ENV_CHECKPOINT_DIR,
     ENV_PREEMPTION_COUNT,
     ENV_RESUME_FROM,
+    GANG_NODE_FAILED,
     PreemptionNotice,
     TaskEnvironment,
     acknowledge_notice,
@@ -153,6 +156,11 @@ class QuotaRun:
         """True once the executor has asked this run to stop (checks the preempt file)."""
         return self.poll_preemption() is not None
 
+    @property
+    def gang_node_failed(self) -> bool:
+        """The executor stops this run because another node of its gang failed: not a preemption."""
+        return self.notice is not None and self.notice.reason == GANG_NODE_FAILED
+
     def poll_preemption(self) -> PreemptionNotice | None:
         if self.notice is None and self.preempt_file is not None:
             self.notice = read_notice(self.preempt_file)
@@ -173,10 +181,12 @@ class QuotaRun:
             ENV_PREEMPTION_COUNT: str(self.preemption_count),
         }
 
-    def preemption_outcome(self, log) -> AirflowRescheduleException | AirflowFailException:
+    def preemption_outcome(self, log) -> AirflowException:
         """
         Acknowledge the notice (rename the file) and build the exception that ends this run: a
-        reschedule (no retry used), or a failure when the notice says the preemption limit is reached.
+        reschedule (no retry used); a failure without retry when the notice says the preemption
+        limit is reached; an ordinary failure, which Airflow may retry, when another node of the
+        task's gang failed (the gang cannot go on without it).
         """
         notice = self.notice or PreemptionNotice(reason="preempted", preemptor=None, deadline=None)
         if self.preempt_file is not None:
@@ -187,6 +197,10 @@ class QuotaRun:
             )
             log.error("Preempted past the preemption limit; failing: %s", message)
             return AirflowFailException(message)
+        if self.gang_node_failed:
+            message = notice.message or "another node of the task's gang failed"
+            log.error("Another node of the gang failed; failing: %s", message)
+            return AirflowException(message)
         log.warning(
             "Preempted (%s) by %s: the task goes back to its quota's queue without using a retry "
             "(preemption %d); the next run resumes from %s",

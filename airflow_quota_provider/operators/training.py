@@ -6,10 +6,13 @@ notice, as :mod:`airflow_quota_provider.protocol` defines them, and the checkpoi
 :mod:`.checkpoints`), and runs ``command`` in its own process group (:mod:`.process_group`) with
 ``QUOTA_CHECKPOINT_DIR`` (this attempt's own directory), ``QUOTA_RESUME_FROM`` (the checkpoint it
 resumes from, or empty) and ``QUOTA_PREEMPTION_COUNT``; on a job of several hosts (``nodes``), also
-the gang's variables the launcher set (``MASTER_ADDR``, ``QUOTA_NODE_RANK``, ...), unchanged. When
-the executor preempts the task, the command gets SIGTERM and the grace period to write a checkpoint
-and exit, and the task goes back to its quota's queue as ``UP_FOR_RESCHEDULE`` with the same
-``try_number``. :class:`QuotaTaskMixin` is what the operator shares with ``@task.quota``.
+the gang's variables the launcher set (``MASTER_ADDR``, ``QUOTA_NODE_RANK``, ...), unchanged. Node 0
+of a gang, the only one Airflow runs, hands the executor its rendered command for the other nodes
+(:class:`~airflow_quota_provider.protocol.GangCommand`, as an XCom). When the executor preempts the
+task, the command gets SIGTERM and the grace period to write a checkpoint and exit, and the task
+goes back to its quota's queue as ``UP_FOR_RESCHEDULE`` with the same ``try_number``; when another
+node of its gang failed, the command is stopped the same way and the task fails.
+:class:`QuotaTaskMixin` is what the operator shares with ``@task.quota``.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from airflow_quota_provider.operators.checkpoints import (
 from airflow_quota_provider.operators.links import QuotaJobLink
 from airflow_quota_provider.operators.process_group import CommandProcess
 from airflow_quota_provider.operators.quota_run import QuotaRun
-from airflow_quota_provider.protocol import GangEnvironment
+from airflow_quota_provider.protocol import GANG_VARIABLES, GANG_XCOM_KEY, GangCommand, GangEnvironment
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -102,7 +105,8 @@ class QuotaTaskMixin:
             checkpoint_dir=attempt, grace_period_s=self.grace_period, resume_from=resume_from, sync=sync
         )
         if run.poll_preemption() is not None:
-            self.log.warning("Preempted before the %s started", what)
+            stopped = "Another node of the gang failed" if run.gang_node_failed else "Preempted"
+            self.log.warning("%s before the %s started", stopped, what)
             if sync is not None:
                 sync.remove_local()
             raise run.preemption_outcome(self.log)
@@ -139,6 +143,10 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
     :param nodes: hosts the task spans, 1 to 1024 (default 1: one host). A task on several hosts (a
         gang) is started on all of them at once, its command once per host with the gang's
         variables (see below); its quota counts ``gpus`` x ``nodes`` GPUs (its ``pool_slots``).
+        Node 0 is the task instance: it renders the command and publishes it, with ``env``,
+        ``cwd`` and its ``QUOTA_*`` variables, as the XCom ``quota_gang``, from which the executor
+        starts the other nodes; when one of them fails, node 0's command is stopped as for a
+        preemption and the task fails (Airflow may retry it).
     :param priority: priority within and across quotas (its ``priority_weight``, absolute), >= 0;
         higher wins.
     :param checkpoint_dir: where the task's checkpoints live. Templated. A local path (a shared
@@ -223,6 +231,7 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
     def execute(self, context: Context) -> str | None:
         run = self._start_run(context, "command")
         try:
+            self._publish_gang_command(context, run)
             returncode, preempted = self._command_process.run(
                 self._argv(), env=self._env(run), cwd=self.cwd, run=run, log=self.log
             )
@@ -247,11 +256,31 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
         return ["bash", "-c", self.command] if isinstance(self.command, str) else list(self.command)
 
     def _env(self, run: QuotaRun) -> dict[str, str]:
-        # A gang's variables as the launcher set them, over ``env``: a node whose master or rank
-        # differs from what its peers were told hangs the whole gang.
         gang = GangEnvironment.read(os.environ)
-        own = {k: str(v) for k, v in (self.env or {}).items()}
-        return {**os.environ, **own, **(gang.to_env() if gang else {}), **run.env()}
+        return {**os.environ, **self._task_env(run, gang), **(gang.to_env() if gang else {})}
+
+    def _task_env(self, run: QuotaRun, gang: GangEnvironment | None) -> dict[str, str]:
+        """What the command gets beyond its host's environment and the gang's variables: ``env`` and
+        the run's ``QUOTA_*``. On a gang ``env`` cannot name a gang variable: a node whose master or
+        rank differs from what its peers were told hangs the whole gang."""
+        own = {k: str(v) for k, v in (self.env or {}).items() if gang is None or k not in GANG_VARIABLES}
+        return {**own, **run.env()}
+
+    def _publish_gang_command(self, context: Context, run: QuotaRun) -> None:
+        """On node 0 of a gang, hand the executor the command it starts on the other nodes, which are
+        not Airflow tasks and so render nothing themselves (:class:`GangCommand`: never this
+        process's environment, which holds Airflow's tokens)."""
+        gang = GangEnvironment.read(os.environ)
+        if gang is None or gang.node_rank != 0:
+            return
+        command = GangCommand(argv=self._argv(), env=self._task_env(run, gang), cwd=self.cwd)
+        context["ti"].xcom_push(key=GANG_XCOM_KEY, value=command.to_dict())
+        self.log.info(
+            "Published the command for the gang's other %d node(s) as XCom %r (with %s)",
+            gang.nnodes - 1,
+            GANG_XCOM_KEY,
+            ", ".join(sorted(command.env)),
+        )
 
     def on_kill(self) -> None:
         """Forward the kill to the command now; ``execute`` then applies the grace period."""

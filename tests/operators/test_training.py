@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import sys
 import time
 from datetime import timedelta
@@ -28,7 +29,15 @@ from airflow_quota_provider.operators.arguments import QuotaTaskArgumentError, q
 from airflow_quota_provider.operators.checkpoints import latest_checkpoint
 from airflow_quota_provider.operators.quota_run import QuotaRun
 from airflow_quota_provider.operators.training import QuotaTrainingOperator
-from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY, GangEnvironment
+from airflow_quota_provider.protocol import (
+    EXECUTOR_CONFIG_KEY,
+    GANG_NODE_FAILED,
+    GANG_XCOM_KEY,
+    GangCommand,
+    GangEnvironment,
+    PreemptionNotice,
+    write_notice,
+)
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +272,7 @@ def test_preempted_training_checkpoints_is_rescheduled_and_resumes(airflow_home,
 
 
 def _bash_dag(airflow_home, dag_id: str, command: str, **operator_args) -> None:
-    args = "".join(f"        {k}={v!r},\n" for k, v in operator_args.items())
+    args = "".join(f"        {k}={v!r},\n" for k, v in {"retries": 0, **operator_args}.items())
     airflow_home.write_dag(
         dag_id,
         f"""
@@ -275,20 +284,23 @@ with DAG("{dag_id}", schedule=None) as dag:
         task_id="job",
         quota="team-a",
         command={command!r},
-        retries=0,
 {args}    )
 """,
     )
 
 
-def _started_bash_task(airflow_home, tmp_path, dag_id: str, command: str, *, supervise=True, **operator_args):
+def _started_bash_task(
+    airflow_home, tmp_path, dag_id: str, command: str, *, supervise=True, environ=None, **operator_args
+):
     """Run a one-task DAG whose bash ``command`` touches ``MARKER`` when it has started; return once it has.
 
     A command that finds ``MARKER`` already there is a later attempt. ``supervise=False`` where the
-    task process boundary does not matter (signals to the supervisor do), to keep the suite quick."""
+    task process boundary does not matter (signals to the supervisor do), to keep the suite quick.
+    ``environ``: more of the task's environment, as the executor sets it."""
     marker, preempt = tmp_path / "started", tmp_path / "preempt.json"
     _bash_dag(airflow_home, dag_id, command.replace("MARKER", str(marker)), **operator_args)
-    run = airflow_home.start_dag_test(dag_id, {"QUOTA_PREEMPT_FILE": str(preempt)}, supervise=supervise)
+    environ = {"QUOTA_PREEMPT_FILE": str(preempt), **(environ or {})}
+    run = airflow_home.start_dag_test(dag_id, environ, supervise=supervise)
     wait_for(marker.exists, "the command to start", run=run)
     return run, preempt
 
@@ -466,3 +478,71 @@ def test_a_gang_node_without_its_rank_fails_before_its_command_starts(airflow_ho
     assert run.wait()["attempts"] == [{"task_id": "job", "state": "failed", "try_number": 1}]
     assert not marker.exists()
     assert "node_rank (QUOTA_NODE_RANK): is not set, but QUOTA_NNODES is" in run.output()
+
+
+GANG_NODE_0 = GangEnvironment(
+    nnodes=2, node_rank=0, nproc_per_node=4, master_addr="10.0.3.7", master_port=29500, rdzv_id="17"
+)
+
+
+def _xcoms(airflow_home, dag_id: str, key: str) -> list:
+    """A DAG's XComs under ``key`` as the executor reads them: from Airflow's xcom table (JSON)."""
+    with sqlite3.connect(airflow_home.root / "airflow.db") as db:
+        rows = db.execute("SELECT value FROM xcom WHERE dag_id = ? AND key = ?", (dag_id, key)).fetchall()
+    return [json.loads(value) for (value,) in rows]
+
+
+def test_node_0_of_a_gang_publishes_its_rendered_command_without_airflows_environment(airflow_home, tmp_path):
+    """The gang's other nodes are not Airflow tasks: they run what node 0 rendered, with node 0's
+    ``env`` and QUOTA_* variables, but nothing of the task process's own environment (Airflow's
+    tokens, the host's secrets) and none of node 0's gang variables (each node gets its own)."""
+    command = "echo {{ dag.dag_id }} > node0.txt"
+    env = {"RUN_TAG": "{{ task.task_id }}", "MASTER_PORT": "1"}
+    _bash_dag(airflow_home, "gang_publish", command, gpus=4, nodes=2, env=env, cwd=str(tmp_path))
+    environ = {**GANG_NODE_0.to_env(), "DB_PASSWORD": "hunter2", "QUOTA_PREEMPTION_COUNT": "1"}
+    run = airflow_home.start_dag_test("gang_publish", environ, supervise=False)
+    assert run.wait()["final"]["job"]["state"] == "success"
+
+    [xcom] = _xcoms(airflow_home, "gang_publish", GANG_XCOM_KEY)
+    published = GangCommand.from_dict(xcom)
+    assert published.argv == ["bash", "-c", "echo gang_publish > node0.txt"]
+    assert published.cwd == str(tmp_path)
+    checkpoint_dir = published.env["QUOTA_CHECKPOINT_DIR"]
+    assert published.env == {
+        "RUN_TAG": "job",
+        "QUOTA_CHECKPOINT_DIR": checkpoint_dir,
+        "QUOTA_RESUME_FROM": "",
+        "QUOTA_PREEMPTION_COUNT": "1",
+    }
+    assert Path(checkpoint_dir).name == "attempt-00001"
+    assert not any(k.startswith("AIRFLOW") or "hunter2" in v for k, v in published.env.items())
+    output = run.output()
+    published_at = output.index("Published the command for the gang's other 1 node(s) as XCom 'quota_gang'")
+    assert published_at < output.index("Started command")  # the members may start with node 0
+
+
+def test_a_node_that_is_not_node_0_publishes_no_command(airflow_home):
+    _bash_dag(airflow_home, "gang_rank_1", "true", gpus=4, nodes=2)
+    run = airflow_home.start_dag_test("gang_rank_1", GANG_NODE.to_env(), supervise=False)
+    assert run.wait()["final"]["job"]["state"] == "success"
+    assert _xcoms(airflow_home, "gang_rank_1", GANG_XCOM_KEY) == []
+
+
+def test_a_failed_gang_member_stops_node_0s_command_and_fails_it_as_a_retryable_failure(airflow_home, tmp_path):
+    """Not a reschedule and not a failure without retry: the task's retries apply, the next try
+    starts the whole gang again (here the command succeeds on it)."""
+    command = "if [ -e MARKER ]; then exit 0; fi; touch MARKER; trap 'echo stopping; exit 143' TERM; sleep 120 & wait"
+    gang = {"gpus": 4, "nodes": 2, "grace_period": 30, "retries": 1, "retry_delay": 0}
+    run, preempt = _started_bash_task(
+        airflow_home, tmp_path, "gang_member_failed", command, supervise=False, environ=GANG_NODE_0.to_env(), **gang
+    )
+    message = "node 1 of 2 on host gpu-b exited with code 1"
+    write_notice(preempt, PreemptionNotice(GANG_NODE_FAILED, None, time.time() + 30, message=message))
+    result = run.wait()
+    assert [(a["state"], a["try_number"]) for a in result["attempts"]] == [("up_for_retry", 1), ("success", 2)]
+    assert result["reschedules"]["job"] == 0
+    output = run.output()
+    assert "stopping" in output  # the command was asked to stop before the task failed
+    assert f"Another node of the gang failed; failing: {message}" in output
+    assert "goes back to its quota's queue" not in output
+    assert not preempt.exists() and Path(f"{preempt}.handled").exists()
