@@ -176,6 +176,32 @@ def get_provider_info():
                         "example": "60",
                         "default": "60",
                     },
+                    "gang_start_timeout_s": {
+                        "description": "A job on several hosts (a gang, `nodes` > 1) whose nodes are not all "
+                        "started this long after its admission (node 0 publishes its command, then every "
+                        "other node's host takes its launch) is ended without using an Airflow retry and "
+                        "admitted again after a backoff.",
+                        "version_added": "0.3.0",
+                        "type": "float",
+                        "example": "300",
+                        "default": "300",
+                    },
+                    "gang_backoff_s": {
+                        "description": "How long a gang whose start failed waits before it is admitted "
+                        "again; doubled with each failed start (Kueue's waitForPodsReady requeuing).",
+                        "version_added": "0.3.0",
+                        "type": "float",
+                        "example": "60",
+                        "default": "60",
+                    },
+                    "gang_start_limit": {
+                        "description": "Failed starts after which a gang's next failed start fails its "
+                        "task, saying so.",
+                        "version_added": "0.3.0",
+                        "type": "integer",
+                        "example": "5",
+                        "default": "5",
+                    },
                     "host_lost_after_s": {
                         "description": "A GPU host silent this long is lost: its GPUs leave the pool and "
                         "its jobs are requeued at their original place without using an Airflow retry "

@@ -29,6 +29,11 @@ ARG_VIRTUAL_GPUS = Arg(
     ("--virtual-gpus",), type=int, help="Virtual GPUs (indexes 0..N-1) when there is neither --devices nor nvidia-smi"
 )
 ARG_HOSTNAME = Arg(("--hostname",), help="The host's name in the fleet (default: this machine's hostname)")
+ARG_ADDRESS = Arg(
+    ("--address",),
+    help="Where the other hosts of a multi-host job reach this one (its MASTER_ADDR when it runs node 0; "
+    "default: this machine's hostname resolved)",
+)
 ARG_CONCURRENCY = Arg(
     ("--concurrency",), type=int,
     help="Celery pool processes (default: two per GPU, so that a supervisor still finishing does not hold up the next task)",
@@ -39,7 +44,7 @@ WORKER_COMMAND = ActionCommand(
     name="worker",
     help="Run a GPU host of the fleet: register its GPUs, heartbeat, and run quota tasks through Celery",
     func=lazy_load_command("airflow_quota_provider.cli.worker_command.worker"),
-    args=(ARG_QUEUES, ARG_DEVICES, ARG_VIRTUAL_GPUS, ARG_HOSTNAME, ARG_CONCURRENCY, ARG_SKIP_SERVE_LOGS),
+    args=(ARG_QUEUES, ARG_DEVICES, ARG_VIRTUAL_GPUS, ARG_HOSTNAME, ARG_ADDRESS, ARG_CONCURRENCY, ARG_SKIP_SERVE_LOGS),
 )
 
 
@@ -76,6 +81,18 @@ def _host_name(value: str) -> str:
     return value
 
 
+def _address(value: str | None) -> str:
+    """The host's address for its peers: ``--address``, else this machine's hostname resolved."""
+    if value is not None:
+        if not value or any(c.isspace() or not c.isprintable() for c in value):
+            raise SystemExit(f"Error: --address: {value!r} is not a host name or IP address")
+        return value
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return socket.gethostname()
+
+
 def _heartbeat(name: str, every: float, stop: threading.Event) -> None:
     """Beat every ``every`` seconds until ``stop``; a failed beat is logged and the next one tries again."""
     from airflow_quota_provider.executors.celery_worker import jobs
@@ -95,8 +112,8 @@ def _beat(name: str, launcher) -> None:
     from airflow_quota_provider.executors.containment import process_alive
     from airflow_quota_provider.models.host import HostState, end_dead_launches, heartbeat_host
 
-    def alive(worker_pid: int, job_id: int) -> bool:  # the pool process, or what its launch started
-        return process_alive(worker_pid) or launcher.running(job_id)
+    def alive(worker_pid: int, key: str) -> bool:  # the pool process, or what its launch started
+        return process_alive(worker_pid) or launcher.running(key)
 
     with create_session() as session:
         state = heartbeat_host(name, session=session)
@@ -115,7 +132,7 @@ def _rejoin(name: str, launcher) -> None:
 
     ended = launcher.end_leftovers(timeout_s=_leftover_wait_s())
     if ended:
-        log.warning("Host %s was lost: ended the launches of jobs %s that still ran here", name, ended)
+        log.warning("Host %s was lost: ended the launches %s that still ran here", name, ", ".join(ended))
     with create_session() as session:
         rejoin_host(name, session=session)
     log.info("Host %s rejoined: none of its evicted launches runs", name)
@@ -137,6 +154,7 @@ def worker(args) -> None:
     from airflow_quota_provider.models.host import register_host
 
     name = _host_name(socket.gethostname() if args.hostname is None else args.hostname)
+    address = _address(args.address)
     queue = _job_queue(args.queues)
     virtual = args.virtual_gpus if args.virtual_gpus is not None else conf.getint("quota", "virtual_gpus", fallback=8)
     try:
@@ -156,9 +174,9 @@ def worker(args) -> None:
         print(f"Error: host {name}: {e}; its GPUs are not handed out", file=sys.stderr)
         raise SystemExit(2)
     if ended:
-        log.warning("Ended the launches of jobs %s left running by an earlier worker of host %s", ended, name)
+        log.warning("Ended the launches %s left running by an earlier worker of host %s", ", ".join(ended), name)
     with create_session() as session:
-        register_host(name, queues=[queue], devices=devices, celery_name=f"celery@{name}", session=session)
+        register_host(name, queues=[queue], devices=devices, celery_name=f"celery@{name}", address=address, session=session)
     log.info("GPU host %s serves job queue %s with GPUs %s (%s)", name, queue, ",".join(devices), source)
     stop = threading.Event()
     every = conf.getfloat("quota", "host_heartbeat_s", fallback=5.0)

@@ -9,8 +9,10 @@ from sqlalchemy import Integer, Text, column, update, values
 
 from airflow.executors import workloads
 from airflow.utils.state import TaskInstanceState
+from airflow_quota_provider.executors.gangs import forget_command, node_env, placement
 from airflow_quota_provider.executors.task_instances import fail_ti, ti_state
 from airflow_quota_provider.models import transitions
+from airflow_quota_provider.models.gang import GangState
 from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, allocated_devices, devices_of, preemption_count, record_event
 from airflow_quota_provider.policy.preemption_policy import grace_period_of
 from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY, PreemptionNotice, TaskEnvironment
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 
     from airflow_quota_provider.executors.config import QuotaConfig
     from airflow_quota_provider.executors.cycle import Cycle
+    from airflow_quota_provider.executors.gangs import Gangs
     from airflow_quota_provider.executors.launcher import HostDevices, Launcher
     from airflow_quota_provider.executors.schedule import Plan, QueueCycle
     from airflow_quota_provider.policy import Decision, Preemption
@@ -33,10 +36,13 @@ class Actor:
     gives admitted jobs their devices on a host, writes the waiting jobs' reasons, and launches the
     admitted jobs once that is committed."""
 
-    def __init__(self, launcher: Launcher, config: QuotaConfig, log: logging.Logger, *, token: Callable[[str], str]) -> None:
+    def __init__(
+        self, launcher: Launcher, gangs: Gangs, config: QuotaConfig, log: logging.Logger, *, token: Callable[[str], str]
+    ) -> None:
         """``token``: a fresh workload token for a task instance id (a job may launch long after
         Airflow queued it)."""
         self.launcher = launcher
+        self.gangs = gangs
         self.config = config
         self.log = log
         self.token = token
@@ -76,7 +82,7 @@ class Actor:
         admitted = []
         for job_id in decision.admit:
             job = _load(session, job_id)
-            if self._admit(job, queue, _host_for(queue, decision, job_id), held, in_use, cycle):
+            if self._admit(job, queue, _hosts_for(queue, decision, job_id, job.nodes), held, in_use, cycle):
                 admitted.append(job)
         # Only what differs from what the row says (whichever scheduler wrote it last).
         said, reasons = queue.said, []
@@ -101,6 +107,7 @@ class Actor:
                 self.launcher.notify(job.handle, notice.to_dict(), session=cycle.session)
             except Exception:  # the deadline still stops it through Airflow
                 self.log.exception("Could not deliver the preemption notice to %s on %s", job.ti_label(), job.host)
+        self.gangs.notify(job, notice.to_dict(), cycle.session)
         self.log.info(
             "Preempting %s on %s for job %s (%s), grace %.0fs", job.ti_label(), job.host, preemption.for_, preemption.reason, grace
         )
@@ -109,13 +116,13 @@ class Actor:
         self,
         job: QuotaJob,
         queue: QueueCycle,
-        host: HostDevices | None,
+        hosts: list[HostDevices] | None,
         held: set[tuple[str, str]],
         in_use: dict[str, int],
         cycle: Cycle,
     ) -> bool:
-        """Give an admitted job its devices (lowest free indexes on its host) and mark it running;
-        whether it got them."""
+        """Give an admitted job its devices (lowest free indexes on its host; a gang's on each of its
+        nodes' hosts) and mark it running; whether it got them."""
         session = cycle.session
         if job.state != JobState.PENDING.value or not job.workload:
             return False  # revoked since this cycle read it
@@ -123,19 +130,26 @@ class Actor:
         if state != TaskInstanceState.QUEUED:  # cleared or marked by a person while it waited
             transitions.drop(job, f"dropped: its task instance is {state or 'none'}, no longer queued", now=cycle.now, session=session)
             return False
-        free = [d for d in host.devices if (host.name, d) not in held] if host else []
-        if len(free) < job.gpus:
-            self.log.warning("Job %s admitted but only %d devices are free on %s; retrying", job.job_id, len(free), host and host.name)
+        free = {h.name: [d for d in h.devices if (h.name, d) not in held] for h in hosts or ()}
+        nodes = placement(job, [h.name for h in hosts], free) if hosts else None
+        if nodes is None:
+            where = ", ".join(sorted({h.name for h in hosts})) if hosts else None
+            self.log.warning("Job %s admitted but too few devices are free on %s; retrying", job.job_id, where)
             return False
-        devices = free[: job.gpus]
-        held.update((host.name, d) for d in devices)
+        gang = None
+        if job.nodes > 1:
+            gang = GangState.of(job)
+            gang.nodes = nodes
+            forget_command(job, session)
+        host, devices = nodes[0].host, nodes[0].devices
+        held.update((node.host, d) for node in nodes for d in node.devices)
         by = f"by scheduler job {cycle.scheduler_job}" if cycle.scheduler_job is not None else None
-        transitions.admit(job, host=host.name, devices=devices, now=cycle.now, by=by, session=session)
+        transitions.admit(job, host=host, devices=devices, now=cycle.now, by=by, gang=gang, session=session)
         in_use[job.quota] = in_use.get(job.quota, 0) + job.gpus
         capacity = queue.queue.quota(job.quota).capacity
         if in_use[job.quota] > capacity:
             record_event(
-                EventKind.BORROWED, job=job, session=session, host=host.name, devices=",".join(devices),
+                EventKind.BORROWED, job=job, session=session, host=host, devices=",".join(devices),
                 message=f"quota {job.quota} uses {in_use[job.quota]} of its {capacity} GPUs",
             )
         return True
@@ -146,15 +160,11 @@ class Actor:
         try:
             workload = workloads.ExecuteTask.model_validate_json(job.workload or "")
             workload.token = self.token(str(workload.ti.id))
-            env = TaskEnvironment(
-                cuda_visible_devices=",".join(devices_of(job.id, session=session)),
-                job_id=job.job_id,
-                host=job.host,
-                quota=job.quota,
-                preemption_count=preemption_count(job.dag_id, job.run_id, job.task_id, job.map_index, session=session),
-                grace_period_s=grace_period_of(job, cycle.quota_file.quota(job.quota)),
-            )
-            handle = self.launcher.launch(job_id=job.id, host=job.host, workload=workload, env=env.to_env(), session=session)
+            gang = GangState.of(job) if job.nodes > 1 else None
+            env = task_env(job, job.host, gang.nodes[0].devices if gang else devices_of(job.id, session=session), cycle)
+            if gang:  # MASTER_PORT comes from node 0's host
+                env.update(node_env(job, 0, self.launcher.address(job.host, session=session), None))
+            handle = self.launcher.launch(job_id=job.id, host=job.host, workload=workload, env=env, session=session)
             transitions.launched(job, handle)
         except Exception as e:
             self.log.exception("Could not launch %s on %s", job.ti_label(), job.host)
@@ -176,13 +186,28 @@ def reject(job: QuotaJob, reason: str, cycle: Cycle) -> None:
     transitions.reject(job, reason, now=cycle.now, session=cycle.session)
 
 
-def _host_for(queue: QueueCycle, decision: Decision, job_id: str) -> HostDevices | None:
-    """The host the policy chose, or the queue's only host when the launcher has one per queue."""
-    name = decision.hosts.get(job_id)
-    for host in queue.hosts:
-        if host.up and (name is None or host.name == name):
-            return host
-    return None
+def task_env(job: QuotaJob, host: str, devices: list[str], cycle: Cycle) -> dict[str, str]:
+    """What a job (a gang's node) on ``host`` is told beside the gang's variables: its devices, job,
+    host, quota, preemption count and grace period (``QUOTA_*``)."""
+    return TaskEnvironment(
+        cuda_visible_devices=",".join(devices),
+        job_id=job.job_id,
+        host=host,
+        quota=job.quota,
+        preemption_count=preemption_count(job.dag_id, job.run_id, job.task_id, job.map_index, session=cycle.session),
+        grace_period_s=grace_period_of(job, cycle.quota_file.quota(job.quota)),
+    ).to_env()
+
+
+def _hosts_for(queue: QueueCycle, decision: Decision, job_id: str, nodes: int) -> list[HostDevices] | None:
+    """The host of each node that the policy chose (one node but a gang's), or the queue's only host
+    for every node when the launcher has one per queue; None when one is not up."""
+    chosen = decision.hosts.get(job_id)
+    up = {host.name: host for host in queue.hosts if host.up}
+    if chosen is None:
+        return [next(iter(up.values()))] * nodes if up else None
+    names = [chosen] if isinstance(chosen, str) else list(chosen)
+    return [up[name] for name in names] if all(name in up for name in names) else None
 
 
 def _load(session: Session, job_id: str) -> QuotaJob:

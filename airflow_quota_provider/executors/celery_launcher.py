@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 
 from airflow.configuration import conf
-from airflow_quota_provider.executors.celery_worker import TASK_NAME, host_queue
+from airflow_quota_provider.executors.celery_worker import MEMBER_TASK_NAME, TASK_NAME, host_queue
 from airflow_quota_provider.executors.launcher import HostDevices, Liveness, Status
 from airflow_quota_provider.models.coordination import db_now
 from airflow_quota_provider.models.host import (
@@ -26,6 +26,7 @@ from airflow_quota_provider.models.host import (
     QuotaHost,
     QuotaLaunch,
     cancel_launches,
+    launch_key,
     launches,
     record_launch,
 )
@@ -73,10 +74,31 @@ class CeleryLauncher:
             raise
         return handle
 
+    def launch_member(
+        self, *, job_id: int, node_rank: int, host: str, argv: list[str], cwd: str | None, env: dict[str, str], session: Session
+    ) -> str:
+        handle = f"quota-{job_id}-{node_rank}-{uuid.uuid4().hex}"
+        record_launch(handle, job_id=job_id, host=host, node_rank=node_rank, session=session)
+        session.commit()
+        try:
+            self.app.send_task(
+                MEMBER_TASK_NAME, args=(job_id, node_rank, list(argv), cwd, env), queue=host_queue(host), task_id=handle
+            )
+        except Exception:
+            cancel_launches([handle], session=session)
+            raise
+        return handle
+
+    def gang_port(self, handle: str, *, session: Session) -> int | None:
+        return session.scalar(select(QuotaLaunch.port).where(QuotaLaunch.handle == handle))
+
+    def address(self, host: str, *, session: Session) -> str:
+        return session.scalar(select(QuotaHost.address).where(QuotaHost.name == host)) or host
+
     def recorded_launch(self, job_id: int, *, since: float, session: Session) -> str | None:
         return session.scalar(
             select(QuotaLaunch.handle)
-            .where(QuotaLaunch.job_id == job_id, QuotaLaunch.sent_at >= since, QuotaLaunch.state != _CANCELLED)
+            .where(QuotaLaunch.job_id == job_id, QuotaLaunch.node_rank == 0, QuotaLaunch.sent_at >= since, QuotaLaunch.state != _CANCELLED)
             .order_by(QuotaLaunch.sent_at.desc())
             .limit(1)
         )
@@ -114,7 +136,8 @@ class CeleryLauncher:
     def notify(self, handle: str, notice: dict, *, session: Session) -> None:
         launch = launches([handle], session=session).get(handle)
         if launch is not None:
-            self._command(launch.host, "quota_notify", {"job_id": launch.job_id, "notice": notice}, session)
+            key = launch_key(launch.job_id, launch.node_rank)
+            self._command(launch.host, "quota_notify", {"job_id": key, "notice": notice}, session)
 
     def kill(self, handle: str, *, session: Session) -> None:
         launch = launches([handle], session=session).get(handle)

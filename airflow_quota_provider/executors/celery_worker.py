@@ -14,6 +14,8 @@ worker's main process. Each host consumes a Celery queue of its own (:func:`host
   (as :class:`~airflow_quota_provider.executors.local_launcher.LocalLauncher` does locally). The
   worker runs more pool processes than GPUs, so a lingering supervisor does not hold up the next
   launch; the GPUs, not the pool, gate what runs.
+- :func:`execute_gang_member` runs node N > 0 of a gang (:mod:`.gangs`) the same way: its command
+  in place of the task supervisor.
 - ``quota_notify`` writes a preemption notice where the task polls for it (``QUOTA_PREEMPT_FILE``).
 - ``quota_kill`` kills what a launch's worker process started (the task and its descendants).
 
@@ -46,13 +48,15 @@ from airflow_quota_provider.executors.containment import (
     process_alive,
     wait_for_an_exit,
 )
+from airflow_quota_provider.executors.gangs import run_member, with_master_port
 from airflow_quota_provider.executors.launcher import Liveness
-from airflow_quota_provider.executors.local_launcher import LocalLauncher, supervise_workload
+from airflow_quota_provider.executors.local_launcher import MEMBER_LOG, LocalLauncher, supervise_workload
 from airflow_quota_provider.protocol import ENV_CUDA_VISIBLE_DEVICES
 
 log = logging.getLogger(__name__)
 
 TASK_NAME = "quota_execute_workload"
+MEMBER_TASK_NAME = "quota_execute_gang_member"
 TASK_EXIT_POLL_S = 0.2
 """The longest a launch's watch waits: the exit of its task, supervisor or guard wakes it at once."""
 RECORD_RETRY_S = 600.0
@@ -84,29 +88,53 @@ def _fresh_connections(**_) -> None:
 def execute_quota_workload(self, workload_json: str, job_id: int, env: dict[str, str]) -> int | None:
     from airflow.executors.workloads import ExecuteTask
     from airflow.utils.session import create_session
-    from airflow_quota_provider.models.host import end_launch, start_launch, task_exited
+    from airflow_quota_provider.models.host import start_launch
 
     handle = self.request.id
+    env, port = with_master_port(env)  # a gang's node 0: a port free here now
     with create_session() as session:
-        if not start_launch(handle, worker_pid=os.getpid(), session=session):
+        if not start_launch(handle, worker_pid=os.getpid(), port=port, session=session):
             log.warning("Launch %s of job %s was cancelled or is unknown: not running it", handle, job_id)
             return -1
+    workload = ExecuteTask.model_validate_json(workload_json)
+    log.info("[%s] job %s on GPUs %s: %s", handle, job_id, env.get(ENV_CUDA_VISIBLE_DEVICES), workload.display_name)
+    return _run_recorded(handle, str(job_id), lambda: supervise_workload(workload), env)
+
+
+@app.task(name=MEMBER_TASK_NAME, bind=True, acks_late=True)
+def execute_gang_member(self, job_id: int, node_rank: int, argv: list[str], cwd: str | None, env: dict[str, str]) -> int | None:
+    """Node ``node_rank`` of a gang: node 0's command with this node's variables (:mod:`.gangs`)."""
+    from airflow.utils.session import create_session
+    from airflow_quota_provider.models.host import launch_key, start_launch
+
+    handle, key = self.request.id, launch_key(job_id, node_rank)
+    with create_session() as session:
+        if not start_launch(handle, worker_pid=os.getpid(), session=session):
+            log.warning("Launch %s of node %s of job %s was cancelled or is unknown: not running it", handle, node_rank, job_id)
+            return -1
+    log.info("[%s] node %s of job %s on GPUs %s: %s", handle, node_rank, job_id, env.get(ENV_CUDA_VISIBLE_DEVICES), argv)
+    log_file = jobs().job_dir(key) / MEMBER_LOG
+    return _run_recorded(handle, key, lambda: run_member(argv, cwd, log_file), env)
+
+
+def _run_recorded(handle: str, key: str, run: Callable[[], int], env: dict[str, str]) -> int | None:
+    """Run a launch (:func:`run_launch`) and record its task's exit and its end."""
+    from airflow_quota_provider.models.host import end_launch, task_exited
+
     rc = None
     try:
-        workload = ExecuteTask.model_validate_json(workload_json)
-        log.info("[%s] job %s on GPUs %s: %s", handle, job_id, env.get(ENV_CUDA_VISIBLE_DEVICES), workload.display_name)
         rc = run_launch(
-            jobs(), job_id, lambda: supervise_workload(workload), env,
+            jobs(), key, run, env,
             on_task_exit=lambda: _record(handle, "that the task exited", lambda session: task_exited(handle, session=session)),
         )
     except Exception:
-        log.exception("[%s] the launch of job %s failed", handle, job_id)
+        log.exception("[%s] the launch %s failed", handle, key)
     _record(handle, "its end", lambda session: end_launch(handle, rc=rc, session=session))
     return rc
 
 
 def run_launch(
-    jobs: LocalLauncher, job_id: int, run: Callable[[], int], env: dict[str, str], *, on_task_exit: Callable[[], object]
+    jobs: LocalLauncher, job_id: int | str, run: Callable[[], int], env: dict[str, str], *, on_task_exit: Callable[[], object]
 ) -> int | None:
     """Run one launch tied to this process and wait until nothing of it is left; returns the
     supervisor's exit code (None: killed). ``on_task_exit`` is called once the task and everything
@@ -152,10 +180,10 @@ def _record(handle: str, what: str, write, *, give_up_after_s: float = RECORD_RE
             pause = min(pause * 2, 10.0)
 
 
-@control_command(args=[("job_id", int), ("notice", json.loads)], signature="<job_id> <notice-json>")
-def quota_notify(state, job_id: int, notice: dict) -> dict:
-    """Write job ``job_id``'s preemption notice on this host."""
-    path = jobs().write_preempt_notice(int(job_id), notice)
+@control_command(args=[("job_id", str), ("notice", json.loads)], signature="<launch-key> <notice-json>")
+def quota_notify(state, job_id: str, notice: dict) -> dict:
+    """Write the preemption notice of launch ``job_id`` (:func:`~airflow_quota_provider.models.host.launch_key`) on this host."""
+    path = jobs().write_preempt_notice(str(job_id), notice)
     return {"ok": str(path)}
 
 

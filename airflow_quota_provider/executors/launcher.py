@@ -2,7 +2,8 @@
 
 A launcher starts an admitted job's task on devices of one host and hands back an opaque *handle*;
 afterwards the executor asks which handles still run, delivers preemption notices and kills, by
-handle alone. :class:`~airflow_quota_provider.executors.local_launcher.LocalLauncher` forks on the
+handle alone. A gang's other nodes are launches of the same job, each with a handle of its own
+(:mod:`.gangs`). :class:`~airflow_quota_provider.executors.local_launcher.LocalLauncher` forks on the
 scheduler's machine; :class:`~airflow_quota_provider.executors.celery_launcher.CeleryLauncher`
 sends the job to a GPU host's Celery worker. The executor knows neither pids nor notice files.
 """
@@ -68,8 +69,20 @@ class Launcher(Protocol):
         """Start ``workload`` on ``host`` with ``env`` (``CUDA_VISIBLE_DEVICES`` and ``QUOTA_*``) added
         to the environment; returns the handle."""
 
+    def launch_member(
+        self, *, job_id: int, node_rank: int, host: str, argv: list[str], cwd: str | None, env: dict[str, str], session: Session
+    ) -> str:
+        """Start node ``node_rank`` (> 0) of a gang on ``host``: ``argv`` with ``env`` added, stopped by
+        its notices as node 0's command is; returns the handle."""
+
+    def gang_port(self, handle: str, *, session: Session) -> int | None:
+        """The ``MASTER_PORT`` that node 0's host chose for the gang launched as ``handle``, once known."""
+
+    def address(self, host: str, *, session: Session) -> str:
+        """Where the other nodes of a gang reach ``host`` (``MASTER_ADDR``)."""
+
     def recorded_launch(self, job_id: int, *, since: float, session: Session) -> str | None:
-        """The handle of the job's launch recorded at or after ``since`` (its admission), if any."""
+        """The handle of the job's launch (node 0's) recorded at or after ``since`` (its admission), if any."""
         ...
 
     def status(self, handles: Mapping[str, int], *, session: Session) -> dict[str, Status]:

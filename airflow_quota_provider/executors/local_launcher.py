@@ -52,7 +52,9 @@ from airflow_quota_provider.executors.containment import (
     stat_field as _stat_field,
     watch_parent,
 )
+from airflow_quota_provider.executors.gangs import LOCAL_ADDRESS, run_member, with_master_port
 from airflow_quota_provider.executors.launcher import HostDevices, Liveness, Status
+from airflow_quota_provider.models.host import launch_key
 from airflow_quota_provider.protocol import ENV_PREEMPT_FILE, PREEMPT_FILE, PreemptionNotice, write_atomically, write_notice
 
 if TYPE_CHECKING:
@@ -64,6 +66,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PID_FILE = "pid"
+PORT_FILE = "master-port"
+"""A gang's node 0: the ``MASTER_PORT`` chosen for it when it was launched."""
+MEMBER_LOG = "member.log"
+"""A gang member's command output."""
 EXIT_FILE = "exit-{pid}"  # one per launch: a guard still finishing never writes a newer launch's
 SUPERVISOR_FILE = "supervisor-{pid}"
 LEFTOVER_WAIT_S = 60.0
@@ -85,7 +91,9 @@ def _proc_start_time(pid: int) -> str | None:
 
 class LocalLauncher:
     """Starts, watches and kills task processes on this machine: one implicit host, ``local``,
-    whose devices the job queues of the quota file share in file order. A handle is ``JOB:PID``."""
+    whose devices the job queues of the quota file share in file order (every node of a gang runs
+    here). A handle is ``KEY:PID``, the key naming the launch's job directory: the job id, and for
+    node N > 0 of a gang ``JOB-N``."""
 
     places_on_hosts = False
     HOST = "local"
@@ -116,10 +124,10 @@ class LocalLauncher:
         self._supervisors: dict[int, int] = {}
         """Guard pid -> the pid of the task supervisor it forked."""
 
-    def job_dir(self, job_id: int) -> Path:
+    def job_dir(self, job_id: int | str) -> Path:
         return self.state_dir / "jobs" / str(job_id)
 
-    def preempt_file(self, job_id: int) -> Path:
+    def preempt_file(self, job_id: int | str) -> Path:
         return self.job_dir(job_id) / PREEMPT_FILE
 
     # -- the Launcher protocol ---------------------------------------------------------------
@@ -133,7 +141,28 @@ class LocalLauncher:
         ]
 
     def launch(self, *, job_id: int, host: str, workload: ExecuteTask, env: dict[str, str], session: Session) -> str:
-        return f"{job_id}:{self.fork(job_id, workload, env)}"
+        env, port = with_master_port(env)
+        (self.job_dir(job_id) / PORT_FILE).unlink(missing_ok=True)
+        handle = f"{job_id}:{self.fork(job_id, workload, env)}"
+        if port is not None:
+            write_atomically(self.job_dir(job_id) / PORT_FILE, str(port))
+        return handle
+
+    def launch_member(
+        self, *, job_id: int, node_rank: int, host: str, argv: list[str], cwd: str | None, env: dict[str, str], session: Session
+    ) -> str:
+        key = launch_key(job_id, node_rank)
+        log_file = self.job_dir(key) / MEMBER_LOG
+        return f"{key}:{self.start(key, lambda: run_member(argv, cwd, log_file), env)}"
+
+    def gang_port(self, handle: str, *, session: Session) -> int | None:
+        try:
+            return int((self.job_dir(_parse(handle)[0]) / PORT_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def address(self, host: str, *, session: Session) -> str:
+        return LOCAL_ADDRESS
 
     def recorded_launch(self, job_id: int, *, since: float, session: Session) -> str | None:
         """Never: a fork is recorded only by the job row (a scheduler that dies between its admission
@@ -186,7 +215,7 @@ class LocalLauncher:
         """Fork a child that runs the Airflow task supervisor for ``workload`` with ``env`` set."""
         return self.start(job_id, lambda: supervise_workload(workload), env)
 
-    def start(self, job_id: int, run: Callable[[], int], env: dict[str, str], *, tied_to_parent: bool = False) -> int:
+    def start(self, job_id: int | str, run: Callable[[], int], env: dict[str, str], *, tied_to_parent: bool = False) -> int:
         """Fork a contained guard that forks a child calling ``run`` (the task supervisor) with
         ``env`` and ``QUOTA_PREEMPT_FILE`` set, ends what is left behind, and records ``run``'s exit
         code; returns the guard's pid. ``tied_to_parent``: the whole launch is killed when this
@@ -217,7 +246,7 @@ class LocalLauncher:
         write_atomically(job_dir / PID_FILE, json.dumps(recorded))
         return pid
 
-    def cgroup(self, job_id: int, pid: int) -> JobCgroup | None:
+    def cgroup(self, job_id: int | str, pid: int) -> JobCgroup | None:
         """The cgroup of the launch ``pid`` of ``job_id``, if it has one (adopted: from the pid file)."""
         if pid in self._cgroups or pid in self._children:
             return self._cgroups.get(pid)
@@ -230,7 +259,7 @@ class LocalLauncher:
         self._cgroups[pid] = JobCgroup(Path(recorded["cgroup"]))
         return self._cgroups[pid]
 
-    def supervisor(self, job_id: int, pid: int) -> int | None:
+    def supervisor(self, job_id: int | str, pid: int) -> int | None:
         """The task supervisor that the guard ``pid`` forked, once it has."""
         if pid not in self._supervisors:
             try:
@@ -239,7 +268,7 @@ class LocalLauncher:
                 return None
         return self._supervisors[pid]
 
-    def running(self, job_id: int) -> bool:
+    def running(self, job_id: int | str) -> bool:
         """Whether anything of the launch last recorded for ``job_id`` lives: its guard (the same
         process: pid and start time), or a process in its cgroup."""
         try:
@@ -251,13 +280,12 @@ class LocalLauncher:
         pid = recorded.get("pid")
         return process_alive(pid) and _proc_start_time(pid) == recorded.get("start")
 
-    def end_leftovers(self, *, timeout_s: float = LEFTOVER_WAIT_S) -> list[int]:
+    def end_leftovers(self, *, timeout_s: float = LEFTOVER_WAIT_S) -> list[str]:
         """Kill every launch recorded in this launcher's job directories that still lives, and
-        return their job ids once none lives (a GPU host's proof, before its GPUs are handed out
+        return their keys (job ids; ``JOB-N`` for a gang's node N) once none lives (a GPU host's proof, before its GPUs are handed out
         again, that none of the launches the scheduler gave up still runs). Raises TimeoutError
         naming the jobs when they are not gone within ``timeout_s``."""
-        left = [int(path.parent.name) for path in (self.state_dir / "jobs").glob(f"*/{PID_FILE}")
-                if path.parent.name.isdigit() and self.running(int(path.parent.name))]
+        left = [path.parent.name for path in (self.state_dir / "jobs").glob(f"*/{PID_FILE}") if self.running(path.parent.name)]
         for job_id in left:
             recorded = json.loads((self.job_dir(job_id) / PID_FILE).read_text())
             log.warning("Launch of job %s (guard pid %s) still runs: ending it", job_id, recorded["pid"])
@@ -265,13 +293,13 @@ class LocalLauncher:
         deadline = time.monotonic() + timeout_s
         while alive := [job_id for job_id in left if self.running(job_id)]:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"launches of jobs {alive} still run {timeout_s:g} s after SIGKILL")
+                raise TimeoutError(f"launches {', '.join(alive)} still run {timeout_s:g} s after SIGKILL")
             self.reap()
             reap_children()
             time.sleep(0.05)
         return left
 
-    def kill_job(self, job_id: int, pid: int) -> None:
+    def kill_job(self, job_id: int | str, pid: int) -> None:
         """SIGKILL everything the launch started: its whole cgroup, or its stopped process tree."""
         cgroup = self.cgroup(job_id, pid)
         if cgroup is not None:
@@ -299,7 +327,7 @@ class LocalLauncher:
             if done:
                 self._children[pid] = os.waitstatus_to_exitcode(code)
 
-    def alive(self, job_id: int, pid: int | None) -> bool:
+    def alive(self, job_id: int | str, pid: int | None) -> bool:
         """Whether the job's process still runs (our child or one adopted from a dead scheduler)."""
         if pid is None:
             return False
@@ -327,7 +355,7 @@ class LocalLauncher:
             return False
         return not any(process_alive(child) for child in children)
 
-    def exit_info(self, job_id: int, pid: int) -> ExitInfo:
+    def exit_info(self, job_id: int | str, pid: int) -> ExitInfo:
         """The supervisor's exit code from its exit file, or, for a child of this scheduler whose
         file is missing (its job directory was deleted), from its exit status; None when killed."""
         path = self.job_dir(job_id) / EXIT_FILE.format(pid=pid)
@@ -346,16 +374,16 @@ class LocalLauncher:
         if pid is not None and self._children.pop(pid, None) == -1:
             self._lingering.add(pid)
 
-    def write_preempt_notice(self, job_id: int, notice: dict) -> Path:
+    def write_preempt_notice(self, job_id: int | str, notice: dict) -> Path:
         """Deliver ``notice`` (:meth:`PreemptionNotice.to_dict`, as the launcher seam carries it)."""
         path = self.preempt_file(job_id)
         write_notice(path, PreemptionNotice.from_dict(notice))
         return path
 
 
-def _parse(handle: str) -> tuple[int, int]:
-    job_id, pid = handle.split(":")
-    return int(job_id), int(pid)
+def _parse(handle: str) -> tuple[str, int]:
+    key, pid = handle.split(":")
+    return key, int(pid)
 
 
 def supervise_workload(workload: ExecuteTask) -> int:  # pragma: no cover - runs in the child

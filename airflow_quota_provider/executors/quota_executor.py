@@ -3,11 +3,10 @@
 A task's quota is its pool, its GPUs its ``pool_slots``, its priority its ``priority_weight``;
 ``executor_config["quota"]`` (:class:`~airflow_quota_provider.protocol.QuotaTaskConfig`) may name
 others and carry ``preemptible``, ``max_preemptions``, ``grace_period_s`` and
-``expected_runtime_s`` (else estimated from the task's history, :mod:`.runtimes`). A task asking
-for several hosts (``nodes`` > 1, a gang) fails when queued: this executor does not launch gangs yet
-(issue 32), and running one as a single process would hand it one host's GPUs while its quota
-counts every node's. So does a task whose ``executor_config["quota"]`` holds a value the executor
-cannot use (``{"gpus": "four"}``), naming the field and what is allowed: the scheduler goes on.
+``expected_runtime_s`` (else estimated from the task's history, :mod:`.runtimes`), and ``nodes``: a
+task on several hosts (a gang, :mod:`.gangs`) runs its command on each, started and stopped together.
+A task whose ``executor_config["quota"]`` holds a value the executor cannot use (``{"gpus": "four"}``)
+fails, naming the field and what is allowed: the scheduler goes on.
 
 Every heartbeat, :meth:`QuotaExecutor.sync` rebuilds the state from the provider's tables, asks the
 policy core what to do for each job queue, and acts: it launches admitted jobs on their devices,
@@ -54,6 +53,7 @@ from airflow_quota_provider.executors.act import Actor, reject
 from airflow_quota_provider.executors.config import LAUNCHERS, MANAGED_POOL, QuotaConfig, discover_devices, state_dir
 from airflow_quota_provider.executors.cycle import Cycle
 from airflow_quota_provider.executors.estimates import StartEstimates
+from airflow_quota_provider.executors.gangs import Gangs
 from airflow_quota_provider.executors.reconcile import Reconciler
 from airflow_quota_provider.executors.runtimes import CheckpointTimes, RuntimeHistory, local_checkpoint_dir
 from airflow_quota_provider.executors.schedule import Scheduler
@@ -164,12 +164,13 @@ class QuotaExecutor(BaseExecutor):
         name = getattr(self, "name", None)  # set by Airflow's loader after __init__
         ours = {type(self).__name__, *(n for n in (getattr(name, "alias", None), getattr(name, "module_path", None)) if n)}
         default = name is not None and ExecutorLoader.get_default_executor_name().module_path == name.module_path
+        gangs = Gangs(launcher)
         self.reconciler = Reconciler(
-            launcher, self.config, checkpoints, self.log, executor_names=ours, default_executor=default
+            launcher, gangs, self.config, checkpoints, self.log, executor_names=ours, default_executor=default
         )
         self.scheduler = Scheduler(launcher, checkpoints)
         self.actor = Actor(
-            launcher, self.config, self.log,
+            launcher, gangs, self.config, self.log,
             token=lambda ti_id: workloads.ExecuteTask.generate_token(ti_id, self.jwt_generator),
         )
 
@@ -357,18 +358,15 @@ class QuotaExecutor(BaseExecutor):
 
     def _submit(self, workload: workloads.ExecuteTask, session: Session) -> QuotaJob:
         """Create the job for a newly queued task, or give a known job (preempted, revoked) its new
-        workload while it keeps its place. A task this executor can never run as asked
-        (:func:`_refusal`) is recorded with what it asked, then rejected as the policy's rejections
-        are: its task fails with the reason, the scheduler goes on. So is a task whose
-        ``executor_config["quota"]`` holds a value it cannot use, recorded with its pool and pool
-        slots as if it had none."""
+        workload while it keeps its place. A task whose ``executor_config["quota"]`` holds a value it
+        cannot use is recorded with its pool and pool slots as if it had none, then rejected as the
+        policy's rejections are: its task fails with the reason, the scheduler goes on."""
         ti = workload.ti
         try:
             asked, refusal = QuotaTaskConfig.from_executor_config(ti.executor_config), None
         except QuotaTaskConfigError as e:
             asked, refusal = QuotaTaskConfig(), str(e)
         nodes = asked.nodes or 1
-        refusal = refusal or _refusal(nodes)
         pool = session.scalar(select(TaskInstance.pool).where(TaskInstance.id == ti.id)) or ""
         quota = asked.quota or (pool if pool != Pool.DEFAULT_POOL_NAME else "") or conf.get("quota", "default_quota", fallback="")
         # Locked until the scheduler commits: the other scheduler may be settling this job (a
@@ -383,6 +381,7 @@ class QuotaExecutor(BaseExecutor):
             ti_id=str(ti.id),
             quota=str(quota),
             gpus=_total_gpus(ti.pool_slots, asked.gpus, nodes),
+            nodes=nodes,
             priority=ti.priority_weight if asked.priority is None else asked.priority,
             preemptible=asked.preemptible,
             max_preemptions=asked.max_preemptions,
@@ -432,15 +431,6 @@ class QuotaExecutor(BaseExecutor):
         with create_session() as session:
             for job in session.scalars(select(QuotaJob).where(QuotaJob.state != JobState.FINISHED.value)):
                 self.log.info("quota job %s", json.dumps(job.to_dict(), default=str))
-
-
-def _refusal(nodes: int) -> str | None:
-    """Why this executor can never run a task on ``nodes`` hosts, naming the field; None if it can.
-    Until gangs are launched (issue 32) a gang would run as one process with one host's GPUs while
-    its quota counts every node's, so it fails instead."""
-    if nodes > 1:
-        return f"nodes: {nodes} hosts asked; this QuotaExecutor does not launch jobs on several hosts yet (issue 32): use nodes=1"
-    return None
 
 
 def _total_gpus(pool_slots: int, gpus: int | None, nodes: int) -> int:

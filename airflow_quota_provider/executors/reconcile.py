@@ -14,6 +14,7 @@ from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
 from airflow.models.taskinstancekey import TaskInstanceKey
 from airflow.utils.state import TaskInstanceState
+from airflow_quota_provider.executors.act import task_env
 from airflow_quota_provider.executors.launcher import Liveness
 from airflow_quota_provider.executors.task_instances import (
     BACK_IN_LINE,
@@ -27,6 +28,7 @@ from airflow_quota_provider.executors.task_instances import (
 )
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.coordination import HOSTS, try_lock
+from airflow_quota_provider.models.gang import GangState
 from airflow_quota_provider.models.host import mark_lost_hosts
 from airflow_quota_provider.models.job import JobState, QuotaJob, Report
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
     from airflow_quota_provider.executors.config import QuotaConfig
     from airflow_quota_provider.executors.cycle import Cycle
+    from airflow_quota_provider.executors.gangs import Gangs
     from airflow_quota_provider.executors.launcher import Launcher
     from airflow_quota_provider.executors.runtimes import CheckpointTimes
 
@@ -58,6 +61,7 @@ class Reconciler:
     def __init__(
         self,
         launcher: Launcher,
+        gangs: Gangs,
         config: QuotaConfig,
         checkpoints: CheckpointTimes,
         log: logging.Logger,
@@ -68,6 +72,7 @@ class Reconciler:
         """``executor_names``: what a task instance's ``executor`` says when it is ours; with
         ``default_executor``, a task instance that names none is ours too."""
         self.launcher = launcher
+        self.gangs = gangs
         self.config = config
         self.checkpoints = checkpoints
         self.log = log
@@ -90,6 +95,7 @@ class Reconciler:
             self.check_hosts,
             self.recover_unrecorded_launches,
             self.watch_launches,
+            self.watch_gangs,
             self.enforce_deadlines,
         ):
             changed |= step(cycle)
@@ -187,6 +193,9 @@ class Reconciler:
             job = _lock_row(session, handles[handle])
             if job.handle != handle or job.state not in _HOLDING:
                 continue  # settled meanwhile (by the scheduler that queued it again, or a revoke)
+            gang = GangState.of(job) if job.nodes > 1 else None
+            if gang is not None and status.liveness != Liveness.NEVER_STARTED and self.gangs.members_left(job, gang, session):
+                continue  # node 0 is gone or going: its devices are freed once none of its nodes runs
             state = ti_state(job, session)
             if status.liveness == Liveness.TASK_EXITED:
                 # A preempted task already queued again by Airflow (within a second of its
@@ -210,10 +219,39 @@ class Reconciler:
                 continue
             else:
                 ended = f"exit code {status.rc}" if status.rc is not None else None
-            self.launcher.forget(job.handle, session=session)
-            self._settle(job, state, ended, cycle)
+            if gang is not None and gang.ending:
+                self._end_gang(job, gang, state, cycle)
+            else:
+                self.launcher.forget(job.handle, session=session)
+                self._settle(job, state, ended, cycle)
             changed = True
         return changed
+
+    def watch_gangs(self, cycle: Cycle) -> bool:
+        """Start the members of running gangs, and watch them (:class:`~.gangs.Gangs`)."""
+        session, changed = cycle.session, False
+        gangs = session.scalars(
+            select(QuotaJob)
+            .where(QuotaJob.state == JobState.RUNNING.value, QuotaJob.nodes > 1, QuotaJob.queue_name.in_(cycle.locked))
+            .with_for_update(skip_locked=True)
+        ).all()
+        for job in gangs:
+            gang = GangState.of(job)
+            if not gang.nodes:
+                continue
+            changed |= self.gangs.start_members(job, gang, lambda node: task_env(job, node.host, node.devices, cycle), session)
+            changed |= self.gangs.watch(job, gang, cycle.now, session)
+        return changed
+
+    def _end_gang(self, job: QuotaJob, gang: GangState, state: str | None, cycle: Cycle) -> None:
+        """None of the nodes of a gang that the executor ended runs: it goes back to its place without
+        using a retry, or its task failed past its start limit."""
+        why, failed = self.gangs.after_end(job, gang, cycle.now, cycle.session)
+        self.launcher.forget(job.handle, session=cycle.session)
+        if failed:
+            transitions.finish(job, why, now=cycle.now, session=cycle.session)
+        else:
+            self._evict(job, state, cycle, why=why)
 
     def _settle(self, job: QuotaJob, state: str | None, ended: str | None, cycle: Cycle) -> None:
         """The job's process is gone: free its devices; what Airflow hears of it is :meth:`reports`'s."""
@@ -287,10 +325,11 @@ class Reconciler:
         )
         return [TaskInstanceKey(*row) for row in rows]
 
-    def _evict(self, job: QuotaJob, state: str | None, cycle: Cycle) -> None:
-        """The job's host is lost: stop its task instance without a retry and put the job back in
-        line. A supervisor that is still alive over there sees 409 on its next heartbeat and stops."""
-        why, session = f"host {job.host} lost", cycle.session
+    def _evict(self, job: QuotaJob, state: str | None, cycle: Cycle, *, why: str | None = None) -> None:
+        """The job's host is lost (or its gang ended, ``why``): stop its task instance without a retry
+        and put the job back in line. A supervisor that is still alive over there sees 409 on its
+        next heartbeat and stops."""
+        why, session = why or f"host {job.host} lost", cycle.session
         self.launcher.forget(job.handle, session=session)
         if job.state == JobState.STOPPING.value and job.preempt_fail_message:
             self._settle(job, state, None, cycle)

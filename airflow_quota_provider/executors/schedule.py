@@ -11,6 +11,7 @@ from sqlalchemy import and_, select, update
 
 from airflow_quota_provider.executors.launcher import HostDevices
 from airflow_quota_provider.models.coordination import UNQUEUED
+from airflow_quota_provider.models.gang import waits_for_backoff
 from airflow_quota_provider.models.job import ActiveJob, JobState, QuotaJob, QuotaPreemptionCount, active_job_rows, policy_job
 from airflow_quota_provider.policy import Decision, Host, Job, Queue, State, decide
 from airflow_quota_provider.policy.backlog import Backlog
@@ -101,8 +102,8 @@ class Scheduler:
         moved: dict[str, list[int]] = {}
         placed = self.launcher.places_on_hosts
         for job in jobs:
-            if job.state == _PENDING and not job.queued:
-                continue  # revoked or not yet queued again: keeps its place, invisible until then
+            if job.state == _PENDING and (not job.queued or waits_for_backoff(job.gang, cycle.now)):
+                continue  # revoked, not yet queued again, or a gang backing off: keeps its place, invisible until then
             queue = queue_of.get(job.quota)
             if queue is None:
                 if job.state == _PENDING and UNQUEUED in cycle.locked:
@@ -145,8 +146,9 @@ class Scheduler:
         hosts = {h.name: Host(h.name, len(h.devices), down=not h.up) for h in queue.hosts}
         unknown: dict[str, int] = {}  # a job on a host no longer registered: down, as large as its jobs
         for job in queue.running:
-            if job.host not in hosts:
-                unknown[job.host] = unknown.get(job.host, 0) + job.gpus
+            for host in job.placed_on:
+                if host not in hosts:
+                    unknown[host] = unknown.get(host, 0) + job.gpus_per_node
         hosts.update((name, Host(name, gpus, down=True)) for name, gpus in unknown.items())
         if not hosts:  # none registered yet (the scheduler started first): jobs wait for them
             hosts[NO_HOST] = Host(NO_HOST, queue.queue.capacity, down=True)

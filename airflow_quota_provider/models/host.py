@@ -66,6 +66,8 @@ class QuotaHost(QuotaBase):
     """Comma-separated GPU indexes."""
     celery_name: Mapped[str | None] = mapped_column(String(255))
     """The Celery worker's node name (``celery@HOST``), the destination of remote-control commands."""
+    address: Mapped[str | None] = mapped_column(String(255))
+    """Where the host's peers reach it (a gang's ``MASTER_ADDR`` when it runs node 0); None: its name."""
     state: Mapped[str] = mapped_column(String(20), nullable=False, default=HostState.ACTIVE.value)
     registered_at: Mapped[float] = mapped_column(Float, nullable=False)
     heartbeat_at: Mapped[float] = mapped_column(Float, nullable=False)
@@ -100,6 +102,10 @@ class QuotaLaunch(QuotaBase):
     host: Mapped[str] = mapped_column(String(255), nullable=False)
     state: Mapped[str] = mapped_column(String(20), nullable=False, default=LaunchState.SENT.value)
     rc: Mapped[int | None] = mapped_column(Integer)
+    node_rank: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
+    """Which node of its job the launch starts: 0 is the task itself, above 0 a gang's member."""
+    port: Mapped[int | None] = mapped_column(Integer)
+    """A gang's node 0: the ``MASTER_PORT`` its host chose, free there when the launch started."""
     worker_pid: Mapped[int | None] = mapped_column(Integer)
     """The worker process that runs the task supervisor (on ``host``), for a hard kill there."""
     sent_at: Mapped[float] = mapped_column(Float, nullable=False)
@@ -112,7 +118,8 @@ class QuotaLaunch(QuotaBase):
 
 
 def register_host(
-    name: str, *, queues: Sequence[str], devices: Sequence[str], celery_name: str | None, session: Session
+    name: str, *, queues: Sequence[str], devices: Sequence[str], celery_name: str | None, address: str | None = None,
+    session: Session,
 ) -> QuotaHost:
     """Add the host or update what it serves; it is active from now on. Its worker calls this only
     once no launch of an earlier run of it is left on the machine."""
@@ -122,6 +129,7 @@ def register_host(
         host = QuotaHost(name=name, registered_at=now)
         session.add(host)
     host.queues, host.devices, host.celery_name = ",".join(queues), ",".join(devices), celery_name
+    host.address = address
     host.state, host.heartbeat_at, host.lost_at = HostState.ACTIVE.value, now, None
     record_event(
         EventKind.HOST_JOINED, session=session, host=name, devices=host.devices,
@@ -182,19 +190,27 @@ def list_hosts(*, session: Session, active_only: bool = False) -> Sequence[Quota
 # Launches
 
 
-def record_launch(handle: str, *, job_id: int, host: str, session: Session) -> QuotaLaunch:
-    launch = QuotaLaunch(handle=handle, job_id=job_id, host=host, state=LaunchState.SENT.value, sent_at=db_now(session))
+def launch_key(job_id: int, node_rank: int) -> str:
+    """What names a launch on its host (its job directory): the job id; ``JOB-N`` for node N > 0 of a gang."""
+    return f"{job_id}-{node_rank}" if node_rank else str(job_id)
+
+
+def record_launch(handle: str, *, job_id: int, host: str, node_rank: int = 0, session: Session) -> QuotaLaunch:
+    launch = QuotaLaunch(
+        handle=handle, job_id=job_id, host=host, node_rank=node_rank, state=LaunchState.SENT.value, sent_at=db_now(session)
+    )
     session.add(launch)
     session.flush()
     return launch
 
 
-def start_launch(handle: str, *, worker_pid: int, session: Session) -> bool:
-    """``sent`` -> ``started``; False when the launch was cancelled or is unknown (do not run it)."""
+def start_launch(handle: str, *, worker_pid: int, port: int | None = None, session: Session) -> bool:
+    """``sent`` -> ``started`` (``port``: a gang's node 0's ``MASTER_PORT``); False when the launch
+    was cancelled or is unknown (do not run it)."""
     result = session.execute(
         update(QuotaLaunch)
         .where(QuotaLaunch.handle == handle, QuotaLaunch.state == LaunchState.SENT.value)
-        .values(state=LaunchState.STARTED.value, started_at=db_now(session), worker_pid=worker_pid)
+        .values(state=LaunchState.STARTED.value, started_at=db_now(session), worker_pid=worker_pid, port=port)
         .execution_options(synchronize_session=False)
     )
     return bool(result.rowcount)
@@ -220,19 +236,19 @@ def end_launch(handle: str, *, rc: int | None, session: Session) -> None:
     )
 
 
-def end_dead_launches(host: str, alive: Callable[[int, int], bool], *, session: Session) -> list[str]:
+def end_dead_launches(host: str, alive: Callable[[int, str], bool], *, session: Session) -> list[str]:
     """End (exit code unknown) the launches on ``host`` of which nothing lives any more
-    (``alive(worker_pid, job_id)`` is False: neither the pool process, nor anything the launch
+    (``alive(worker_pid, key)`` is False, ``key`` naming the launch's job directory: neither the pool process, nor anything the launch
     started): the pool process died before it could record the end itself (killed, out of memory),
     and its job would hold its GPUs for ever."""
     rows = session.execute(
-        select(QuotaLaunch.handle, QuotaLaunch.worker_pid, QuotaLaunch.job_id).where(
+        select(QuotaLaunch.handle, QuotaLaunch.worker_pid, QuotaLaunch.job_id, QuotaLaunch.node_rank).where(
             QuotaLaunch.host == host,
             QuotaLaunch.state.in_([LaunchState.STARTED.value, LaunchState.TASK_EXITED.value]),
             QuotaLaunch.worker_pid.is_not(None),
         )
     ).all()
-    dead = [handle for handle, pid, job_id in rows if not alive(pid, job_id)]
+    dead = [handle for handle, pid, job_id, rank in rows if not alive(pid, launch_key(job_id, rank))]
     if dead:
         session.execute(
             update(QuotaLaunch)

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from airflow_quota_provider.models.base import QuotaBase
 from airflow_quota_provider.models.coordination import db_now
+from airflow_quota_provider.models.gang import gang_hosts
 from airflow_quota_provider.policy import Job, PolicyError
 from airflow_quota_provider.policy.config import cohort_to_dict, quota_to_dict
 
@@ -148,6 +149,9 @@ class QuotaJob(QuotaBase):
     quota: Mapped[str] = mapped_column(String(128), nullable=False)
     queue_name: Mapped[str | None] = mapped_column(String(128))
     gpus: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
+    """GPUs in all (a gang's: per node times ``nodes``), what the job counts against its quota."""
+    nodes: Mapped[int] = mapped_column(Integer, nullable=False, default=1, server_default="1")
+    """Hosts the job spans; above 1 it is a gang (:mod:`..executors.gangs`)."""
     priority: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     preemptible: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
     max_preemptions: Mapped[int | None] = mapped_column(Integer)
@@ -165,7 +169,10 @@ class QuotaJob(QuotaBase):
     """When a waiting job is expected to start (:mod:`..executors.estimates`); None: unknown, or not
     forecast yet. Refreshed every few cycles, so read it only while the job is pending."""
     host: Mapped[str | None] = mapped_column(String(255))
-    """Where the job runs (or ran last): a GPU host's name."""
+    """Where the job runs (or ran last): a GPU host's name; a gang's node 0's."""
+    gang: Mapped[str | None] = mapped_column(Text)
+    """A gang's nodes while it holds devices, and its start failures (:class:`..executors.gangs.GangState`
+    as JSON); None for a job on one host."""
     handle: Mapped[str | None] = mapped_column(String(255))
     """The launcher's opaque name for the job's process while it holds devices."""
     preempted_for: Mapped[str | None] = mapped_column(String(64))
@@ -200,7 +207,9 @@ class QuotaJob(QuotaBase):
             "quota": self.quota,
             "queue": self.queue_name,
             "gpus": self.gpus,
+            "nodes": self.nodes,
             "host": self.host,
+            "hosts": gang_hosts(self.gang) if self.nodes > 1 else ([self.host] if self.host else []),
             "priority": self.priority,
             "preemptible": self.preemptible,
             "max_preemptions": self.max_preemptions,
@@ -291,6 +300,8 @@ class ActiveJob(NamedTuple):
     max_preemptions: int | None
     preempted_for: str | None
     host: str | None
+    nodes: int
+    gang: str | None
     expected_runtime_s: float | None
     grace_period_s: float | None
     queued: bool
@@ -324,7 +335,8 @@ def policy_job(
 ) -> Job:
     """The policy's view of a job (an ORM object or a row with its columns): running and stopping
     jobs carry ``started_at`` and ``last_checkpoint_at`` (when it saved its work in this run, as the
-    caller found it), and their ``host`` when the policy places jobs on hosts."""
+    caller found it), and their ``host`` (a gang's: its nodes' ``hosts``) when the policy places jobs
+    on hosts."""
     holding = job.state != _PENDING
     return Job(
         id=str(job.id),
@@ -341,6 +353,8 @@ def policy_job(
         grace_period_s=job.grace_period_s,
         preempted_for=job.preempted_for if job.state == _STOPPING else None,
         host=job.host if placed and holding else None,
+        nodes=job.nodes,
+        hosts=gang_hosts(job.gang) if placed and holding and job.nodes > 1 else (),
     )
 
 
@@ -497,12 +511,20 @@ def allocate_devices(job: QuotaJob, host: str, devices: Sequence[str], *, sessio
 
 
 def release_devices(job: QuotaJob, *, session: Session) -> list[str]:
-    """Free every device ``job`` holds and record it in the audit log."""
-    devices = devices_of(job.id, session=session)
-    if devices:
+    """Free every device ``job`` holds and record it in the audit log, one event per host (a gang's
+    nodes are on several)."""
+    held = session.execute(
+        select(QuotaDeviceAllocation.host, QuotaDeviceAllocation.device).where(QuotaDeviceAllocation.job_id == job.id)
+    ).all()
+    by_host: dict[str, list[str]] = {}
+    for host, device in held:
+        by_host.setdefault(host, []).append(device)
+    if held:
         session.execute(delete(QuotaDeviceAllocation).where(QuotaDeviceAllocation.job_id == job.id))
-        record_event(EventKind.RELEASED, job=job, session=session, host=job.host, devices=",".join(devices))
-    return devices
+    for host in sorted(by_host, key=lambda h: h != job.host):  # node 0's host first
+        devices = sorted(by_host[host], key=device_sort_key)
+        record_event(EventKind.RELEASED, job=job, session=session, host=host, devices=",".join(devices))
+    return sorted((d for _, d in held), key=device_sort_key)
 
 
 def count_preemption(job: QuotaJob, *, session: Session) -> int:

@@ -21,10 +21,13 @@ from airflow_quota_provider.models.job import (
     record_event,
     release_devices,
 )
+from airflow_quota_provider.models.gang import forget_nodes
 from airflow_quota_provider.policy import PreemptionReason
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from airflow_quota_provider.models.gang import GangState
 
     from sqlalchemy.orm import Session
 
@@ -68,6 +71,7 @@ def submit(
     gpus: int,
     priority: int,
     preemptible: bool,
+    nodes: int = 1,
     max_preemptions: int | None,
     grace_period_s: float | None,
     expected_runtime_s: float | None,
@@ -87,7 +91,7 @@ def submit(
         job.submitted_at, job.priority = now, priority
     if job.state != JobState.STOPPING.value:
         job.state = JobState.PENDING.value
-    job.ti_id, job.quota, job.gpus, job.preemptible = ti_id, quota, gpus, preemptible
+    job.ti_id, job.quota, job.gpus, job.nodes, job.preemptible = ti_id, quota, gpus, nodes, preemptible
     job.max_preemptions, job.grace_period_s, job.expected_runtime_s = max_preemptions, grace_period_s, expected_runtime_s
     job.workload = workload
     job.report = None  # queued again: Airflow has moved past the try that ended
@@ -96,14 +100,23 @@ def submit(
     record_event(EventKind.SUBMITTED, job=job, session=session, message=f"priority {job.priority}")
 
 
-def admit(job: QuotaJob, *, host: str, devices: Sequence[str], now: float, by: str | None = None, session: Session) -> None:
+def admit(
+    job: QuotaJob, *, host: str, devices: Sequence[str], now: float, by: str | None = None,
+    gang: GangState | None = None, session: Session,
+) -> None:
     """pending -> running on ``devices`` of ``host`` (recorded before any process exists); ``by``:
-    which scheduler decided it."""
+    which scheduler decided it. A gang's nodes (``gang``, node 0's being ``host`` and ``devices``)
+    are all allocated at once, one ``admitted`` event per node."""
     _require(job, "admit", JobState.PENDING)
-    allocate_devices(job, host, devices, session=session)
+    nodes = [(n.host, n.devices) for n in gang.nodes] if gang else [(host, devices)]
+    for rank, (node_host, node_devices) in enumerate(nodes):
+        allocate_devices(job, node_host, node_devices, session=session)
+        message = by if gang is None else "; ".join(filter(None, [by, f"node {rank} of {len(nodes)}"]))
+        record_event(EventKind.ADMITTED, job=job, session=session, host=node_host, devices=",".join(node_devices), message=message)
+    if gang is not None:
+        gang.save(job)
     job.state, job.started_at, job.host, job.handle = JobState.RUNNING.value, now, host, None
     _clear_pending(job)
-    record_event(EventKind.ADMITTED, job=job, session=session, host=host, devices=",".join(devices), message=by)
 
 
 def launched(job: QuotaJob, handle: str) -> None:
@@ -122,6 +135,7 @@ def launch_failed(job: QuotaJob, message: str, *, session: Session) -> None:
     """running -> pending: the launch failed before a process existed; the devices are freed."""
     _require(job, "undo the launch of", JobState.RUNNING)
     release_devices(job, session=session)
+    forget_nodes(job)
     job.state, job.started_at, job.handle = JobState.PENDING.value, None, None
     job.pending_reason = f"launch failed: {message}"
 
@@ -178,6 +192,7 @@ def settle_stopped(job: QuotaJob, *, requeued: bool, checkpoint_at: float | None
     """
     _require(job, "settle the stop of", JobState.STOPPING)
     release_devices(job, session=session)
+    forget_nodes(job)
     count = count_preemption(job, session=session)
     record_event(
         EventKind.STOPPED, job=job, session=session, victim=job.job_id, preemptor=job.preempted_for,
@@ -192,6 +207,7 @@ def evict(job: QuotaJob, *, requeued: bool, why: str, session: Session) -> None:
     """running or stopping -> pending / preempted: its host was lost. Not counted as a preemption."""
     _require(job, "evict", *_HOLDING)
     release_devices(job, session=session)
+    forget_nodes(job)
     record_event(EventKind.EVICTED, job=job, session=session, host=job.host, message=f"{why}; waits at its original place")
     _back_in_line(job, requeued, f"evicted ({why}); waiting to be queued again")
 
@@ -211,6 +227,7 @@ def finish(job: QuotaJob, message: str, *, killed: bool = False, now: float, ses
     or was ``killed`` without a word (the task fails)."""
     _require(job, "finish", *_HOLDING)
     release_devices(job, session=session)
+    forget_nodes(job)
     job.state, job.finished_at, job.message, job.handle = JobState.FINISHED.value, now, message, None
     job.report = (Report.FAILED if killed else Report.SUCCESS).value
     record_event(EventKind.FINISHED, job=job, session=session, host=job.host, message=message)
@@ -220,6 +237,7 @@ def fail_at_limit(job: QuotaJob, *, now: float, session: Session) -> None:
     """stopping -> failed: the preemption that stopped it was past its ``max_preemptions``."""
     _require(job, "fail", JobState.STOPPING)
     release_devices(job, session=session)
+    forget_nodes(job)
     job.state, job.finished_at, job.message, job.handle = JobState.FAILED.value, now, job.preempt_fail_message, None
     job.report = Report.RELEASED.value  # the task instance was failed with the message
 
@@ -229,5 +247,6 @@ def revoke(job: QuotaJob, *, session: Session) -> None:
     (``task_queued_timeout``); the job keeps its place and gets the next workload."""
     _require(job, "revoke", *JobState.active())
     release_devices(job, session=session)
+    forget_nodes(job)
     job.state, job.workload, job.handle = JobState.PENDING.value, None, None
     record_event(EventKind.REVOKED, job=job, session=session, message="task_queued_timeout; place kept")

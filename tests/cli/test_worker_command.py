@@ -120,7 +120,7 @@ def test_a_lost_host_whose_evicted_launch_outlives_sigkill_stays_lost(db, tmp_pa
         db.get(QuotaHost, HOST).heartbeat_at = 0.0
         assert [h.name for h in mark_lost_hosts(30.0, now=100.0, session=db)] == [HOST]
         db.commit()
-        with pytest.raises(TimeoutError, match=re.escape(f"launches of jobs [{JOB}] still run")):
+        with pytest.raises(TimeoutError, match=re.escape(f"launches {JOB} still run")):
             _beat(HOST, LocalLauncher(tmp_path / "host", cgroups=False))
     db.expire_all()
     assert db.get(QuotaHost, HOST).state == HostState.LOST.value
@@ -148,7 +148,7 @@ def test_a_worker_whose_leftover_launch_outlives_sigkill_exits_2_before_it_hands
                  "AIRFLOW__QUOTA__LEFTOVER_WAIT_S": str(WAIT_S)},
         )
     expected = (
-        f"Error: host {HOST}: launches of jobs [{JOB}] still run {WAIT_S:g} s after SIGKILL; "
+        f"Error: host {HOST}: launches {JOB} still run {WAIT_S:g} s after SIGKILL; "
         "its GPUs are not handed out"
     )
     assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, result.stderr

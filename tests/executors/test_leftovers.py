@@ -144,7 +144,7 @@ def test_a_launch_that_outlives_sigkill_is_named_and_the_host_is_not_proven_free
     with held_launch(tmp_path, JOB):
         restarted = LocalLauncher(tmp_path, cgroups=False)
         assert restarted.running(JOB) and restarted.running(JOB + 1)
-        expected = f"launches of jobs [{JOB}] still run 0.5 s after SIGKILL"
+        expected = f"launches {JOB} still run 0.5 s after SIGKILL"
         with pytest.raises(TimeoutError, match=re.escape(expected)):
             restarted.end_leftovers(timeout_s=0.5)
         assert restarted.running(JOB), "the launch named still runs"
@@ -157,6 +157,6 @@ def test_a_leftover_slow_to_die_is_waited_for_and_its_job_returned_once_gone(tmp
         restarted = LocalLauncher(tmp_path, cgroups=False)
         started = time.monotonic()
         threading.Timer(1.0, release).start()
-        assert restarted.end_leftovers(timeout_s=30) == [JOB]
+        assert restarted.end_leftovers(timeout_s=30) == [str(JOB)]
         assert time.monotonic() - started >= 1.0, "it returned before the held launch was gone"
         assert not restarted.running(JOB)

@@ -395,7 +395,7 @@ def test_a_restarted_worker_ends_the_launches_an_earlier_one_left_running(tmp_pa
         os.kill(pid, signal.SIGKILL)  # the guard is gone; its cgroup still holds the escaped process
     restarted = LocalLauncher(tmp_path, cgroups=cgroups)
     assert restarted.running(2) and not restarted.running(1)
-    assert restarted.end_leftovers() == [2]
+    assert restarted.end_leftovers() == ["2"]
     assert not _escaped_alive(escaped) and not restarted.running(2)
     assert restarted.end_leftovers() == []
     earlier.reap()

@@ -27,6 +27,7 @@ from airflow.utils.state import TaskInstanceState
 from airflow_quota_provider.executors.act import Actor
 from airflow_quota_provider.executors.celery_launcher import CeleryLauncher
 from airflow_quota_provider.executors.celery_worker import host_queue
+from airflow_quota_provider.executors.gangs import Gangs
 from airflow_quota_provider.executors.config import QuotaConfig
 from airflow_quota_provider.executors.cycle import Cycle
 from airflow_quota_provider.executors.launcher import Launcher, Liveness
@@ -87,7 +88,7 @@ def config(tmp_path) -> QuotaConfig:
 
 
 def _reconciler(launcher: Launcher, config: QuotaConfig) -> Reconciler:
-    return Reconciler(launcher, config, CHECKPOINTS, LOG, executor_names={"QuotaExecutor"}, default_executor=False)
+    return Reconciler(launcher, Gangs(launcher), config, CHECKPOINTS, LOG, executor_names={"QuotaExecutor"}, default_executor=False)
 
 
 @pytest.fixture
@@ -101,7 +102,7 @@ def parts(db, config, clock) -> Parts:
         config,
         _reconciler(launcher, config),
         Scheduler(launcher, CHECKPOINTS),
-        Actor(launcher, config, LOG, token=lambda ti_id: f"token-{ti_id}"),
+        Actor(launcher, Gangs(launcher), config, LOG, token=lambda ti_id: f"token-{ti_id}"),
     )
 
 
@@ -279,24 +280,16 @@ def test_a_job_whose_task_was_cleared_while_it_waited_is_dropped_and_released(db
     assert job.report is None, "released once"
 
 
-def test_a_task_asking_for_several_hosts_fails_naming_nodes_until_gangs_are_launched(db, parts, executor_for):
-    """Run as one process, a gang would get one host's 8 GPUs while its quota counts them all: it
-    fails when queued instead, its job recorded with what it asked, and the executor stops counting it."""
+def test_a_task_asking_for_several_hosts_is_a_gang_counting_every_nodes_gpus(db, parts, executor_for):
+    """``nodes`` > 1 makes a gang (tests/executors/test_gangs.py): 8 GPUs on each of 4 hosts count 32."""
     executor = executor_for(QUOTAS)
     workload = _airflow_queues(
         db, "gang", quota="team-a", priority=60, pool_slots=32, executor_config={"quota": {"gpus": 8, "nodes": 4}}
     )
     executor.queue_workload(workload, db)
     job = db.scalar(select(QuotaJob).where(QuotaJob.task_id == "gang"))
-    assert (job.state, job.gpus, job.message, _ti_state(db, job)) == (
-        JobState.FAILED.value,
-        32,
-        "nodes: 4 hosts asked; this QuotaExecutor does not launch jobs on several hosts yet (issue 32): use nodes=1",
-        TaskInstanceState.FAILED,
-    )
-    assert _events(db, job) == ["submitted", "rejected"]
-    assert workload.ti.key in executor.running
-    assert [(key.task_id, report) for key, report in parts.reconciler.reports(parts.cycle())] == [("gang", Report.RELEASED)]
+    assert (job.state, job.gpus, job.nodes, _ti_state(db, job)) == (JobState.PENDING.value, 32, 4, TaskInstanceState.QUEUED)
+    assert _events(db, job) == ["submitted"]
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,7 @@ def test_a_launch_dies_with_its_worker_and_a_restarted_worker_ends_what_is_left_
     fleet.start_worker(second)  # returns once the worker takes tasks: it registered the host before
     assert not [pid for pid in left if process_alive(pid)], "the restarted worker registered while its leftovers ran"
     log = fleet.tail(f"worker-{second}", chars=200_000)
-    ended = log.rfind(f"Ended the launches of jobs [{job['id']}] left running by an earlier worker of host {second}")
+    ended = log.rfind(f"Ended the launches {job['id']} left running by an earlier worker of host {second}")
     assert 0 <= ended < log.rfind(f"GPU host {second} serves job queue"), log[-4000:]
 
     # The launch whose pool process died is ended by the host's heartbeat, or cancelled when the
