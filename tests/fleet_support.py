@@ -51,7 +51,8 @@ class Fleet(AirflowInstance):
         if self.env["AIRFLOW__CORE__EXECUTOR"] == CELERY_EXECUTOR:
             return ["celery", "worker", "--queues", "default", "--concurrency", str(self.gpus_per_host),
                     "--celery-hostname", host]
-        return ["quota", "worker", "--queues", "gpu-fleet", "--hostname", host, "--virtual-gpus", str(self.gpus_per_host)]
+        return ["quota", "worker", "--queues", "gpu-fleet", "--hostname", host, "--virtual-gpus", str(self.gpus_per_host),
+                "--address", "127.0.0.1"]
 
     def start_worker(self, host: str) -> subprocess.Popen:
         """One GPU host with a log-server port and job directory of its own."""

@@ -48,3 +48,31 @@ with DAG("fleet_reclaim_a", schedule=None, start_date=START, catchup=False):
 with DAG("host_loss", schedule=None, start_date=START, catchup=False):
     train("k0", "team-a", gpus=2, steps=60)
     train("k1", "team-a", gpus=2, steps=60)
+
+# A gang: two nodes of 4 GPUs (8, 2 of them borrowed from team-a) running torch.distributed through
+# torchrun, one process per node (the GPUs are virtual: it trains on the CPU). Then team-a takes
+# its GPUs back: a 4-GPU job fills the idle host, a 2-GPU one needs the gang's, which checkpoints on
+# both nodes and resumes on another pair of hosts once the 4-GPU job is done.
+GANG = Path(__file__).resolve().parents[1] / "gang_train.py"
+
+
+def gang(task_id: str, quota: str, *, steps: int, step_s: float = 0.5, priority: int = 5):
+    return QuotaTrainingOperator(
+        task_id=task_id,
+        quota=quota,
+        gpus=4,
+        nodes=2,
+        priority=priority,
+        env={"GLOO_SOCKET_IFNAME": "lo"},
+        command=f"{sys.executable} -m torch.distributed.run --nnodes=$QUOTA_NNODES --nproc-per-node=1 "
+        "--node-rank=$QUOTA_NODE_RANK --master-addr=$MASTER_ADDR --master-port=$MASTER_PORT "
+        f"{GANG} {task_id} {steps} {step_s}",
+    )
+
+
+with DAG("gang_borrow_b", schedule=None, start_date=START, catchup=False):
+    gang("ddp", "team-b", steps=60)
+
+with DAG("gang_reclaim_a", schedule=None, start_date=START, catchup=False):
+    train("a_fill", "team-a", gpus=4, priority=10, steps=16)
+    train("a_reclaim", "team-a", gpus=2, priority=10, steps=80)

@@ -1,0 +1,55 @@
+"""A gang on the fleet: a 2-node torch.distributed job (gloo, CPU, through torchrun) on the fleet
+tests' three Celery hosts, borrowing GPUs; its lender takes them back, both nodes checkpoint, and it
+resumes on another pair of hosts with the same result as an uninterrupted run. Real PostgreSQL,
+Redis, scheduler, api-server, dag-processor and ``airflow quota worker`` hosts (tests/fleet/conftest.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.fleet.test_fleet import assert_no_device_held_twice
+from tests.integration_support import wait_for
+
+pytest.importorskip("torch", reason="the gang trains with torch.distributed (scripts/bootstrap installs it)")
+
+STEPS = 60
+
+
+def _ddp(fleet, event: str) -> list[dict]:
+    return [r for r in fleet.task_records() if r.get("name") == "ddp" and r["event"] == event]
+
+
+def test_a_gang_reclaimed_from_checkpoints_on_both_nodes_and_resumes_on_other_hosts_with_the_same_result(fleet):
+    run_b = fleet.trigger("gang_borrow_b")
+    wait_for(lambda: len(_ddp(fleet, "start")) == 2, "both nodes of the gang to start training", timeout=300,
+             on_timeout=lambda: fleet.tail("scheduler") + fleet.tail("worker-gpu-a"))
+    time.sleep(3)  # a few steps, each checkpointed, before its lender takes its GPUs back
+    run_a = fleet.trigger("gang_reclaim_a")
+    assert fleet.wait_run("gang_reclaim_a", run_a, timeout=600) == "success", fleet.tail("scheduler")
+    assert fleet.wait_run("gang_borrow_b", run_b, timeout=600) == "success", fleet.tail("scheduler")
+
+    # One victim, one preemption, no retry: the gang is preempted as one.
+    assert [e["task_id"] for e in fleet.events("reclaimed", dag_id="gang_borrow_b")] == ["ddp"]
+    assert fleet.sql("SELECT count FROM quota_preemption_count WHERE dag_id='gang_borrow_b'")[0]["count"] == 1
+    (ti,) = fleet.tis("gang_borrow_b", run_b).values()
+    assert (ti["state"], ti["try_number"]) == ("success", 1)
+
+    starts = _ddp(fleet, "start")
+    assert len(starts) == 4 and {r["world"] for r in starts} == {2}, starts
+    first, second = starts[:2], starts[2:]
+    assert {r["node"] for r in first} == {r["node"] for r in second} == {"0", "1"}, starts
+    assert len({r["host"] for r in first}) == len({r["host"] for r in second}) == 2, "each node on a host of its own"
+    assert {r["host"] for r in first} != {r["host"] for r in second}, "resumed on another pair of hosts"
+    stopped = _ddp(fleet, "checkpointed")
+    assert sorted(r["node"] for r in stopped) == ["0", "1"], "both nodes stopped on the notice"
+    assert len({r["step"] for r in stopped}) == 1, "after the same step"
+    assert all(r["resume_from"] and r["step"] == stopped[0]["step"] > 0 for r in second), (second, stopped)
+
+    done = _ddp(fleet, "done")
+    assert sorted(r["node"] for r in done) == ["0", "1"]
+    assert {r["total"] for r in done} == {3 * STEPS * (STEPS + 1) / 2}, "the same result as an uninterrupted run"
+    admitted = fleet.events("admitted", dag_id="gang_borrow_b")
+    assert [e["message"].split("; ")[-1] for e in admitted] == ["node 0 of 2", "node 1 of 2"] * 2
+    assert_no_device_held_twice(fleet)
