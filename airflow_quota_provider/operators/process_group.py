@@ -78,7 +78,10 @@ class CommandProcess:
         """SIGTERM the command, give it the grace period, then SIGKILL it."""
         assert self.process is not None
         notice = run.notice
-        why = f"preempted ({notice.reason}) by {notice.preemptor}" if notice else "task killed"
+        if run.gang_node_failed:
+            why = "another node of the gang failed"
+        else:
+            why = f"preempted ({notice.reason}) by {notice.preemptor}" if notice else "task killed"
         started = time.time()
         stop_at = run.stop_at(started)
         log.warning("%s: sending SIGTERM to the command, grace period %.1fs", why.capitalize(), stop_at - started)

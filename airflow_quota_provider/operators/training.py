@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -45,11 +46,15 @@ from airflow_quota_provider.operators.checkpoints import (
 )
 from airflow_quota_provider.operators.links import QuotaJobLink
 from airflow_quota_provider.operators.process_group import CommandProcess
-from airflow_quota_provider.operators.quota_run import QuotaRun
+from airflow_quota_provider.operators.quota_run import POLL_INTERVAL_S, QuotaRun
 from airflow_quota_provider.protocol import GANG_VARIABLES, GANG_XCOM_KEY, GangCommand, GangEnvironment
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+GANG_FAILURE_WAIT_S = 10.0
+"""How long a gang's node whose command failed waits for the executor to say another node failed
+first (it says so within a scheduler heartbeat or two of that node's end)."""
 
 
 class QuotaTaskMixin:
@@ -246,11 +251,27 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
         if self._command_process.kill_requested:
             raise AirflowException(f"Command was terminated (task killed; exit code {returncode})")
         if returncode < 0:
-            raise AirflowException(f"Command was killed by signal {-returncode} ({signal.Signals(-returncode).name})")
-        if returncode != 0:
-            raise AirflowException(f"Command exited with code {returncode}")
+            failure = f"Command was killed by signal {-returncode} ({signal.Signals(-returncode).name})"
+        else:
+            failure = f"Command exited with code {returncode}" if returncode != 0 else None
+        if failure is not None:
+            if self._another_node_failed(run):  # why this node's command ended: fail naming that node
+                self.log.error("%s, after another node of the gang failed", failure)
+                raise run.preemption_outcome(self.log)
+            raise AirflowException(failure)
         latest = run.newest_checkpoint()
         return str(latest) if latest else None
+
+    def _another_node_failed(self, run: QuotaRun) -> bool:
+        """On a gang's node whose command failed: whether another node failed first. The command
+        often ends before the executor's notice arrives (its peers' connections went with that
+        node), so the notice is waited for a little while, to name the node in the task's failure."""
+        if GangEnvironment.read(os.environ) is None:
+            return False
+        deadline = time.monotonic() + GANG_FAILURE_WAIT_S
+        while run.poll_preemption() is None and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL_S)
+        return run.gang_node_failed
 
     def _argv(self) -> list[str]:
         return ["bash", "-c", self.command] if isinstance(self.command, str) else list(self.command)

@@ -53,3 +53,15 @@ def test_a_gang_reclaimed_from_checkpoints_on_both_nodes_and_resumes_on_other_ho
     admitted = fleet.events("admitted", dag_id="gang_borrow_b")
     assert [e["message"].split("; ")[-1] for e in admitted] == ["node 0 of 2", "node 1 of 2"] * 2
     assert_no_device_held_twice(fleet)
+
+
+def test_a_node_that_fails_stops_the_other_and_the_task_fails_naming_it(fleet):
+    started = time.monotonic()
+    run = fleet.trigger("gang_node_fails")
+    assert fleet.wait_run("gang_node_fails", run, timeout=300) == "failed"
+    assert time.monotonic() - started < 300, "node 0's 600 s command was stopped with the gang"
+    member_host = [e["host"] for e in fleet.events("admitted", dag_id="gang_node_fails")][1]
+    (log,) = fleet.home.glob("logs/dag_id=gang_node_fails/**/attempt=1.log")
+    assert f"gang stopped: node 1 of 2 on host {member_host} exited with code 3" in log.read_text()
+    assert fleet.sql("SELECT count(*) AS n FROM quota_job WHERE dag_id='gang_node_fails' AND state='finished'")[0]["n"] == 1
+    assert_no_device_held_twice(fleet)

@@ -76,3 +76,10 @@ with DAG("gang_borrow_b", schedule=None, start_date=START, catchup=False):
 with DAG("gang_reclaim_a", schedule=None, start_date=START, catchup=False):
     train("a_fill", "team-a", gpus=4, priority=10, steps=16)
     train("a_reclaim", "team-a", gpus=2, priority=10, steps=80)
+
+# A gang whose node 1 fails: node 0 (a long sleep) is stopped and the task fails naming node 1.
+with DAG("gang_node_fails", schedule=None, start_date=START, catchup=False):
+    QuotaTrainingOperator(
+        task_id="split", quota="team-a", gpus=1, nodes=2, retries=0,
+        command='if [ "$QUOTA_NODE_RANK" = 1 ]; then sleep 2; exit 3; fi; sleep 600',
+    )
