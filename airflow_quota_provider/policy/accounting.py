@@ -158,8 +158,8 @@ def collector_paused() -> Iterator[None]:
 
 @collector_paused()
 def holds_from_events(events: Iterable[Event]) -> list[Hold]:
-    """The holds the audit log describes: ``admitted`` opens one (its ``devices`` say how many GPUs),
-    ``released`` closes it. A hold with a ``preempted`` event ended by preemption unless its process
+    """The holds the audit log describes: ``admitted`` opens one (its ``devices`` say how many GPUs;
+    a gang writes one per node, together), ``released`` closes it. A hold with a ``preempted`` event ended by preemption unless its process
     then ``finished`` on its own (it ended within its grace period) or its host was lost
     (``evicted``: not a preemption); after ``released`` the job's next ``stopped`` confirms it (and
     says when the run last saved its work), and a job failed past its preemption limit writes nothing
@@ -173,10 +173,15 @@ def holds_from_events(events: Iterable[Event]) -> list[Hold]:
         if job is None:
             continue
         if kind == "admitted":
+            gpus = devices.count(",") + 1 if devices else 0
+            if job in open_:  # the next node of a gang, admitted with node 0 (one event per host)
+                hold = open_[job]
+                open_[job] = hold[:2] + (hold[2] + gpus,) + hold[3:]
+                continue
             if job in settling:
                 append(settling.pop(job))
-            open_[job] = (at, quota, devices.count(",") + 1 if devices else 0, dag_id, False)
-        elif kind == "released":
+            open_[job] = (at, quota, gpus, dag_id, False)
+        elif kind == "released":  # a gang's first closes its hold: its nodes are released together
             hold = open_.pop(job, None)
             if hold is None:
                 continue

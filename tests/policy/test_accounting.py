@@ -139,6 +139,14 @@ def test_cohort_members_lend_to_each_other_before_the_rest_of_the_tree():
             id="admitted to released is one hold of as many GPUs as devices",
         ),
         pytest.param(
+            [Event(0, "admitted", "1", "q", "d", "0,1"), Event(0, "admitted", "1", "q", "d", "0,1"),
+             Event(5, "preempted", "1", "q", "d"), Event(8, "released", "1", "q", "d", "0,1"),
+             Event(8, "released", "1", "q", "d", "0,1"), Event(8, "stopped", "1", "q", "d", checkpoint_at=6.0),
+             Event(20, "admitted", "1", "q", "d", "2,3"), Event(20, "admitted", "1", "q", "d", "0,1")],
+            [Hold("1", "q", 4, 0, 8, "d", True, 6.0), Hold("1", "q", 4, 20, None, "d")],
+            id="a gang's nodes (one admitted and one released per host) are one hold of every node's GPUs",
+        ),
+        pytest.param(
             [Event(0, "admitted", "1", "q", "d", "0"), Event(5, "preempted", "1", "q", "d"),
              Event(8, "released", "1", "q", "d", "0"), Event(8, "stopped", "1", "q", "d"),
              Event(20, "admitted", "1", "q", "d", "3")],
