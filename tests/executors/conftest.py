@@ -53,6 +53,10 @@ queues:
     quotas:
       - {name: usage-a, capacity: 1, grace_period_s: 2}
       - {name: usage-b, capacity: 2, grace_period_s: 2}
+  - name: q-gang
+    capacity: 4
+    quotas:
+      - {name: team-g, capacity: 4}
 """
 
 QUEUED_TIMEOUT_S = 8
@@ -66,7 +70,7 @@ def airflow(tmp_path_factory) -> AirflowInstance:
         quota_file=QUOTAS,
         dags_folder=DAGS,
         extra_env={
-            "AIRFLOW__QUOTA__VIRTUAL_GPUS": "15",  # the queues' capacities, in file order,
+            "AIRFLOW__QUOTA__VIRTUAL_GPUS": "19",  # the queues' capacities, in file order,
             "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": str(QUEUED_TIMEOUT_S),
         },
     )

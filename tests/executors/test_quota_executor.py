@@ -258,3 +258,22 @@ def _assert_no_device_held_twice(events) -> None:
             for d in devices:
                 assert holder.pop(d, None) == e["job_id"], f"device {d} released by job {e['job_id']}"
     assert not holder, f"devices still held after every task finished: {holder}"
+
+
+def test_a_gang_runs_its_nodes_on_the_local_launchers_one_host_each_on_gpus_of_its_own(airflow):
+    run = airflow.trigger("gang_local")
+    assert airflow.wait_run("gang_local", run) == "success", airflow.tail("scheduler")
+    nodes = sorted((r for r in airflow.task_records() if r["event"] == "gang_node"), key=lambda r: r["QUOTA_NODE_RANK"])
+    assert [r["QUOTA_NODE_RANK"] for r in nodes] == ["0", "1"], nodes
+    assert {(r["QUOTA_NNODES"], r["WORLD_SIZE"], r["MASTER_ADDR"], r["QUOTA_HOST"]) for r in nodes} == {("2", "4", "127.0.0.1", "local")}
+    assert len({r["MASTER_PORT"] for r in nodes}) == 1 and nodes[0]["MASTER_PORT"].isdigit()
+    devices = [set(r["CUDA_VISIBLE_DEVICES"].split(",")) for r in nodes]
+    assert [len(d) for d in devices] == [2, 2] and not devices[0] & devices[1], devices
+    assert nodes[0]["QUOTA_CHECKPOINT_DIR"] == nodes[1]["QUOTA_CHECKPOINT_DIR"], "one checkpoint directory for the gang"
+    admitted = airflow.events("admitted", dag_id="gang_local")
+    assert [(e["host"], e["message"].split("; ")[-1]) for e in admitted] == [("local", "node 0 of 2"), ("local", "node 1 of 2")]
+    # Settled once its host has seen both nodes' processes end (a heartbeat or two after the task's success).
+    wait_for(lambda: airflow.sql("SELECT state FROM quota_job WHERE dag_id='gang_local'")[0]["state"] == "finished",
+             "the gang's job to be settled", timeout=60)
+    released = airflow.events("released", dag_id="gang_local")
+    assert sorted(d for e in released for d in e["devices"].split(",")) == sorted(d for n in devices for d in n)

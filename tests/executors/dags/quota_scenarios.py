@@ -154,3 +154,15 @@ with DAG("usage_reclaim", schedule=None, start_date=START, catchup=False):
 
 with DAG("usage_within", schedule=None, start_date=START, catchup=False):
     train("ua_high", "usage-a", priority=50, steps=3, step_s=1.0)
+
+
+# A gang on the local launcher: both nodes on this machine, each with GPUs of its own.
+GANG_PROBE = (
+    "import json, os, time; keys = ('QUOTA_NODE_RANK', 'QUOTA_NNODES', 'CUDA_VISIBLE_DEVICES', 'MASTER_ADDR', "
+    "'MASTER_PORT', 'WORLD_SIZE', 'QUOTA_HOST', 'QUOTA_CHECKPOINT_DIR'); "
+    "line = {'t': time.time(), 'event': 'gang_node', **{k: os.environ.get(k) for k in keys}}; "
+    "open(os.path.join(os.environ['QUOTA_TEST_RECORDS'], f'gang-{os.getpid()}.jsonl'), 'a').write(json.dumps(line) + '\\n'); "
+    "time.sleep(2)"
+)
+with DAG("gang_local", schedule=None, start_date=START, catchup=False):
+    QuotaTrainingOperator(task_id="pair", quota="team-g", gpus=2, nodes=2, command=[sys.executable, "-c", GANG_PROBE])
