@@ -10,7 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from airflow_quota_provider.models.job import JobState, QuotaJob, active_job_rows, list_jobs, policy_job
+from airflow_quota_provider.models.gang import GangState, gang_hosts
+from airflow_quota_provider.models.job import (
+    JobState,
+    QuotaJob,
+    active_job_rows,
+    allocated_devices,
+    device_sort_key,
+    list_jobs,
+    policy_job,
+)
 from airflow_quota_provider.policy import CohortUsage, QuotaUsage, State, summarize, summarize_cohorts
 
 if TYPE_CHECKING:
@@ -105,6 +114,53 @@ def queue_hosts(*, session: Session) -> dict[str, QueueHosts]:
                 up.setdefault(queue, 0)
                 lost.setdefault(queue, []).append(host.name)
     return {queue: QueueHosts(gpus, tuple(lost.get(queue, ()))) for queue, gpus in up.items()}
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """One node of a job: its host and the GPUs it holds there."""
+
+    host: str
+    devices: list[str]
+
+
+def held_devices(*, session: Session) -> dict[int, dict[str, list[str]]]:
+    """Per job id: host -> the devices it holds there, in device order (one query for every job)."""
+    out: dict[int, dict[str, list[str]]] = {}
+    for (host, device), job_id in allocated_devices(session=session).items():
+        out.setdefault(job_id, {}).setdefault(host, []).append(device)
+    for hosts in out.values():
+        for devices in hosts.values():
+            devices.sort(key=device_sort_key)
+    return out
+
+
+def job_hosts(job: QuotaJob) -> list[str]:
+    """The hosts a job holds devices on, node 0's first (``QuotaJob.to_dict``'s ``hosts``)."""
+    if job.nodes > 1:
+        return list(gang_hosts(job.gang))
+    return [job.host] if job.host else []
+
+
+def job_nodes(job: QuotaJob, held: Mapping[str, Sequence[str]]) -> list[NodeDevices]:
+    """Where a job holds devices, one entry per node, node 0 first; ``held``: its host -> devices
+    (:func:`held_devices`). Empty when it holds none."""
+    if not held:
+        return []
+    return [NodeDevices(host, list(held.get(host, ()))) for host in job_hosts(job)]
+
+
+def pending_reason(job: QuotaJob, now: float) -> str | None:
+    """Why a pending job waits, as people read it. A gang backing off after a failed start is not
+    seen by the policy until then, so its stored reason (its eviction) is prefixed with when."""
+    if job.state != JobState.PENDING.value:
+        return None
+    gang = GangState.parse(job.gang) if job.nodes > 1 else None
+    if gang is None or gang.not_before is None or now >= gang.not_before:
+        return job.pending_reason
+    starts = f"{gang.start_failures} failed start{'' if gang.start_failures == 1 else 's'}"
+    backoff = f"gang backing off after {starts}: considered again in {gang.not_before - now:.0f} s"
+    return f"{backoff}; {job.pending_reason}" if job.pending_reason else backoff
 
 
 def _waiting(job: QuotaJob) -> bool:

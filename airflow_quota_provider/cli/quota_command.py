@@ -18,8 +18,8 @@ from airflow_quota_provider.models.job import (
     JobNotFound,
     JobState,
     QuotaJob,
-    devices_of,
     explain as explain_job,
+    find_job,
     list_jobs,
     preemption_count,
     set_priority as set_job_priority,
@@ -72,8 +72,21 @@ def _print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 def _emit(rows: Any, output: str, columns: list[str]) -> None:
     if output == "json":
         print(json.dumps(rows, indent=2, sort_keys=True, default=str))
+    elif output == "csv":
+        _print_csv(rows, columns)
     else:
         _print_table(rows, columns)
+
+
+def _print_csv(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    """The table's columns as CSV, each cell as a spreadsheet shows text (a DAG id is user-controlled)."""
+    import csv
+
+    from airflow_quota_provider.usage_report import csv_cell
+
+    writer = csv.DictWriter(sys.stdout, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({c: csv_cell(row.get(c)) for c in columns} for row in rows)
 
 
 @suppress_logs_and_warning
@@ -142,38 +155,76 @@ def hosts(args) -> None:
 
     from airflow_quota_provider.models.host import list_hosts
 
+    from airflow_quota_provider.models.job import allocated_devices
+    from airflow_quota_provider.usage import job_hosts
+
     now = time.time()
     with create_session() as session:
-        jobs_on: dict[str, int] = {}
+        jobs_on: dict[str, int] = {}  # a gang counts on each of its hosts
         for job in list_jobs(states=[JobState.RUNNING, JobState.STOPPING], session=session):
-            jobs_on[job.host or ""] = jobs_on.get(job.host or "", 0) + 1
+            for host in job_hosts(job):
+                jobs_on[host] = jobs_on.get(host, 0) + 1
+        in_use: dict[str, int] = {}
+        for host, _ in allocated_devices(session=session):
+            in_use[host] = in_use.get(host, 0) + 1
         rows = [
-            {**h.to_dict(), "gpus": len(h.device_list), "heartbeat_age_s": round(now - h.heartbeat_at, 1),
-             "jobs": jobs_on.get(h.name, 0)}
+            {**h.to_dict(), "gpus": len(h.device_list), "in_use": in_use.get(h.name, 0),
+             "heartbeat_age_s": round(now - h.heartbeat_at, 1), "jobs": jobs_on.get(h.name, 0)}
             for h in list_hosts(session=session)
         ]
-    if args.output == "table":
+    if args.output != "json":
         for row in rows:
             row["queues"], row["devices"] = ",".join(row["queues"]), ",".join(row["devices"])
-    _emit(rows, args.output, ["name", "queues", "gpus", "devices", "state", "heartbeat_age_s", "jobs"])
+    _emit(rows, args.output, ["name", "queues", "gpus", "in_use", "devices", "state", "heartbeat_age_s", "jobs"])
 
 
 @suppress_logs_and_warning
 @_needs_tables
 def jobs(args) -> None:
     """List active jobs (``--all``: every job), oldest first."""
+    from airflow_quota_provider.usage import held_devices
+
     states = list(JobState) if args.all else None
+    now = time.time()
     with create_session() as session:
+        held = held_devices(session=session)
         rows = []
         for job in list_jobs(states=states, session=session):
-            row = job.to_dict()
-            row["devices"] = ",".join(devices_of(job.id, session=session))
+            row = _job_row(job, held.get(job.id, {}), now)
             row["preemptions"] = preemption_count(job.dag_id, job.run_id, job.task_id, job.map_index, session=session)
-            row["expected_start"] = _expected_start(row)
             rows.append(row)
-    _emit(rows, args.output, ["id", "dag_id", "task_id", "map_index", "run_id", "quota", "gpus", "priority",
-                              "state", "host", "devices", "preemptions", "pending_position", "expected_start",
+    if args.output != "json":
+        rows = [_cells(row) for row in rows]
+    _emit(rows, args.output, ["id", "dag_id", "task_id", "map_index", "run_id", "quota", "gpus", "nodes", "priority",
+                              "state", "hosts", "devices", "preemptions", "pending_position", "expected_start",
                               "pending_reason"])
+
+
+def _job_row(job: QuotaJob, held: dict[str, list[str]], now: float) -> dict[str, Any]:
+    """A job as ``jobs`` prints it: ``to_dict`` with ``placement`` (per node, node 0 first: its host
+    and the devices it holds there), ``devices`` (node 0's) and the pending reason people read."""
+    from airflow_quota_provider.usage import job_nodes, pending_reason
+
+    row = job.to_dict()
+    nodes = job_nodes(job, held)
+    row["placement"] = [{"host": n.host, "devices": n.devices} for n in nodes]
+    row["devices"] = nodes[0].devices if nodes else []
+    row["pending_reason"] = pending_reason(job, now)
+    row["expected_start"] = _expected_start(row)
+    return row
+
+
+def _cells(row: dict[str, Any]) -> dict[str, Any]:
+    """A job row's hosts and devices as a table or CSV cell shows them: "gpu-a,gpu-b (2 nodes)" and
+    "gpu-a:0,1 gpu-b:0,1" for a gang; its host and "0,1" for a job on one host."""
+    gang = row["nodes"] > 1
+    hosts = ",".join(row["hosts"]) or ("-" if gang else "")
+    devices = " ".join(f"{n['host']}:{','.join(n['devices'])}" for n in row["placement"])
+    return {
+        **row,
+        "hosts": f"{hosts} ({row['nodes']} nodes)" if gang else hosts,
+        "devices": devices if gang else ",".join(row["devices"]),
+    }
 
 
 def _expected_start(job: dict[str, Any]) -> str | None:
@@ -209,21 +260,29 @@ def set_priority(args) -> None:
 @_needs_tables
 def explain(args) -> None:
     """Print a task's job: state, pending reason and position, devices, preemptions, events."""
+    from airflow_quota_provider.usage import held_devices
+
     with create_session() as session:
         try:
             info = explain_job(args.dag_id, args.run_id, args.task_id, map_index=args.map_index, session=session)
+            job = find_job(args.dag_id, args.run_id, args.task_id, map_index=args.map_index, session=session)
         except JobNotFound as e:
             raise SystemExit(f"Error: {e}")
+        info.update(_job_row(job, held_devices(session=session).get(job.id, {}), time.time()))
     if args.output == "json":
         print(json.dumps(info, indent=2, sort_keys=True, default=str))
         return
+    cells = _cells(info)
+    per_node = f" ({info['nodes']} nodes x {info['gpus'] // info['nodes']})" if info["nodes"] > 1 else ""
     print(f"job {info['id']}: {info['dag_id']}.{info['task_id']} {info['run_id']} try {info['try_number']}")
-    print(f"  quota {info['quota']}, {info['gpus']} GPUs, priority {info['priority']}, state {info['state']}")
+    print(f"  quota {info['quota']}, {info['gpus']} GPUs{per_node}, priority {info['priority']}, state {info['state']}")
     if info["state"] == JobState.PENDING.value:
         print(f"  position {info['pending_position']}: {info['pending_reason']}")
-        print(f"  {_expected_start(info)}")
-    if info["devices"]:
-        print(f"  devices {','.join(info['devices'])}")
+        print(f"  {info['expected_start']}")
+    if info["hosts"]:
+        print(f"  {'hosts' if info['nodes'] > 1 else 'host'} {cells['hosts']}")
+    if cells["devices"]:
+        print(f"  devices {cells['devices']}")
     print(f"  preemptions {info['preemptions']}")
     if info["message"]:
         print(f"  {info['message']}")

@@ -100,6 +100,13 @@ class CohortCollectionResponse(BaseModel):
     total_entries: int = Field(description="Number of cohorts.")
 
 
+class NodePlacement(BaseModel):
+    """One node of a job and the GPUs it holds on its host."""
+
+    host: str = Field(description="GPU host of the node.")
+    devices: list[str] = Field(description="GPU indexes the node holds on that host.")
+
+
 class JobResponse(BaseModel):
     """One try of one task instance placed on a quota."""
 
@@ -127,8 +134,16 @@ class JobResponse(BaseModel):
         "preempted at all (preemptible, past min_runtime_s, not protected at its limit), and a quota of its "
         "job queue lends GPUs now under a reclaim rule that reaches its priority. Null unless running or stopping."
     )
-    host: str | None = Field(description="GPU host the job runs on, or ran on last (null before its first start).")
-    devices: list[str] = Field(description="GPU indexes the job holds now on its host (empty unless running or stopping).")
+    nodes: int = Field(description="Hosts the job runs on at once: 1, or a gang's nodes (gpus is then the total, "
+                       "gpus / nodes on each).")
+    host: str | None = Field(description="GPU host the job runs on, or ran on last (null before its first start); "
+                             "a gang's node 0.")
+    hosts: list[str] = Field(description="The hosts the job holds devices on, node 0's first: one per node of a "
+                             "gang while it holds devices (empty while it waits), [host] for a job of one node.")
+    devices: list[str] = Field(description="GPU indexes the job holds now on its host, a gang's node 0 (empty unless "
+                               "running or stopping); placement has every node's.")
+    placement: list[NodePlacement] = Field(description="Per node, node 0 first: its host and the GPU indexes it "
+                                           "holds there (empty unless running or stopping).")
     priority: int = Field(description="Scheduling priority; higher runs first and may preempt lower.")
     max_priority: int | None = Field(
         description="Highest priority its quota allows (PATCH refuses more); null: no limit, or the quota file "

@@ -15,7 +15,8 @@ class PendingJobView(BaseModel):
 
     id: str = Field(description="Job id.")
     label: str = Field(description="dag_id.task_id[map_index] and run id, for people.")
-    gpus: int = Field(description="GPUs the job asks for.")
+    gpus: int = Field(description="GPUs the job asks for (a gang's total).")
+    nodes: int = Field(description="Hosts it needs at once: 1, or a gang's nodes (gpus / nodes on each).")
     priority: int = Field(description="Its priority.")
     position: int | None = Field(description="Position in its quota's queue (1 = next).")
     reason: str = Field(description="Why it waits, in words.")

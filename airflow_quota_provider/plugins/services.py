@@ -26,8 +26,6 @@ from airflow_quota_provider.models.job import (
     QuotaPreemptionCount,
     UNDECIDED,
     active_job_rows,
-    allocated_devices,
-    device_sort_key,
     policy_job,
     set_priority,
     show_priority_on_task_instance,
@@ -40,6 +38,7 @@ from airflow_quota_provider.plugins.datamodels import (
     EventResponse,
     JobCollectionResponse,
     JobResponse,
+    NodePlacement,
     PreemptionPolicyResponse,
     QueueCollectionResponse,
     QueueResponse,
@@ -61,7 +60,16 @@ from airflow_quota_provider.policy import PolicyError, Reclaim
 from airflow_quota_provider.policy.ordering import victim_order
 from airflow_quota_provider.policy.preemption_policy import effective_max_preemptions, may_be_preempted, reclaim_ceiling
 from airflow_quota_provider.simulation.forecast import describe_start
-from airflow_quota_provider.usage import QuotaRow, cohort_rows, pending_jobs, quota_rows
+from airflow_quota_provider.usage import (
+    QuotaRow,
+    cohort_rows,
+    held_devices,
+    job_hosts,
+    job_nodes,
+    pending_jobs,
+    pending_reason,
+    quota_rows,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -238,14 +246,6 @@ def _preemption_counts(jobs: Iterable[QuotaJob], *, session: Session) -> dict[tu
     return {(r.dag_id, r.run_id, r.task_id, r.map_index): r.count for r in rows}
 
 
-def _devices_by_job(*, session: Session) -> dict[int, list[str]]:
-    """Held devices per job id, in device order (one query for a whole page)."""
-    out: dict[int, list[str]] = {}
-    for (_, device), job_id in allocated_devices(session=session).items():
-        out.setdefault(job_id, []).append(device)
-    return {job_id: sorted(devices, key=device_sort_key) for job_id, devices in out.items()}
-
-
 @dataclass(frozen=True)
 class Holding:
     """What a running or stopping job holds, as the policy sees it now."""
@@ -262,7 +262,8 @@ class JobFacts:
     """Figures of a page of jobs that no column holds, computed once for the page."""
 
     counts: dict[tuple, int]
-    devices: dict[int, list[str]]
+    devices: dict[int, dict[str, list[str]]]
+    """Per job id: host -> the devices it holds there."""
     holdings: dict[int, Holding]
     waits: dict[int, float]
     quotas: dict[str, Quota]
@@ -273,7 +274,7 @@ def job_facts(jobs: Sequence[QuotaJob], quota_file: QuotaFile | None, *, now: fl
     pending = [j for j in jobs if j.state == JobState.PENDING.value]
     return JobFacts(
         counts=counts,
-        devices=_devices_by_job(session=session),
+        devices=held_devices(session=session),
         # Only a page with a running or stopping job needs the policy's view of every running job.
         holdings=holdings(quota_file, now=now, session=session) if quota_file and any(
             j.state in (JobState.RUNNING.value, JobState.STOPPING.value) for j in jobs) else {},
@@ -362,6 +363,8 @@ def _job_response(job: QuotaJob, quota_file: QuotaFile | None, facts: JobFacts) 
     holding = facts.holdings.get(job.id)
     quota = facts.quotas.get(job.quota)
     preemptions = facts.counts.get(_ti(job), 0)
+    placement = job_nodes(job, facts.devices.get(job.id, {}))
+    now = time.time()
     return JobResponse(
         id=job.job_id,
         dag_id=job.dag_id,
@@ -376,8 +379,11 @@ def _job_response(job: QuotaJob, quota_file: QuotaFile | None, facts: JobFacts) 
         owned_gpus=None if holding is None else job.gpus - holding.borrowed,
         borrowed_gpus=None if holding is None else holding.borrowed,
         reclaim_candidate=None if holding is None else holding.reclaim_candidate,
+        nodes=job.nodes,
         host=job.host,
-        devices=facts.devices.get(job.id, []),
+        hosts=job_hosts(job),
+        devices=placement[0].devices if placement else [],
+        placement=[NodePlacement(host=node.host, devices=node.devices) for node in placement],
         priority=job.priority,
         max_priority=None if quota is None else quota.max_priority,
         preemptible=job.preemptible,
@@ -386,10 +392,10 @@ def _job_response(job: QuotaJob, quota_file: QuotaFile | None, facts: JobFacts) 
         preemption_limit=None if quota is None else effective_max_preemptions(
             policy_job(job, preemptions), quota),
         last_checkpoint_at=None if holding is None else _dt(holding.last_checkpoint_at),
-        pending_reason=job.pending_reason if pending else None,
+        pending_reason=pending_reason(job, now),
         pending_position=job.pending_position if pending else None,
         estimated_start_at=_dt(job.estimated_start_at) if pending else None,
-        expected_start=describe_start(job.estimated_start_at, time.time()) if pending else None,
+        expected_start=describe_start(job.estimated_start_at, now) if pending else None,
         waiting_since=_dt(facts.waits.get(job.id)) if pending else None,
         preempted_for=job.preempted_for,
         submitted_at=_dt(job.submitted_at),
@@ -541,9 +547,10 @@ def dashboard(quota_file: QuotaFile, quota_path: str, *, editable: Sequence[str]
                 id=job.job_id,
                 label=_label(job),
                 gpus=job.gpus,
+                nodes=job.nodes,
                 priority=job.priority,
                 position=job.pending_position,
-                reason=job.pending_reason or UNDECIDED,
+                reason=pending_reason(job, now) or UNDECIDED,
                 expected_start=describe_start(job.estimated_start_at, now),
                 waiting_s=max(0.0, now - since[job.id]),
                 ti_url=ti_url(job),

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "quotas.yaml"
 
@@ -57,3 +62,84 @@ def test_status_of_a_file_with_cohorts_lists_each_cohort_above_its_subtree():
         ("  analytics", "web", "lend_and_borrow"),
     ]
     assert [row["quota"] for row in as_tree(quota_file, quotas, cohorts, indent=False)][:3] == ["ml", "research", "vision"]
+
+
+# ------------------------------------------------------------------------------------------- gangs
+
+GANG = {"case": "gang", "quota": "team-a", "gpus": 4, "nodes": 2, "state": "running",
+        "hosts": [["gpu-b", ["0", "1"]], ["gpu-a", ["2", "3"]]]}
+ONE_HOST = {"case": "one_host", "quota": "team-a", "gpus": 1, "state": "running", "devices": ["7"]}
+
+
+@pytest.fixture
+def seeded(tmp_path, monkeypatch):
+    """The gang and a job on one host in a SQLite database that the commands' sessions read."""
+    from contextlib import contextmanager
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from airflow_quota_provider.cli import quota_command
+    from airflow_quota_provider.models.base import quota_metadata
+    from airflow_quota_provider.models.host import register_host
+    from tests.plugins.seed import seed_into
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'quota.db'}")
+    quota_metadata.create_all(engine)
+    with Session(engine) as session:
+        seed_into([GANG, ONE_HOST], session=session)
+        for host in ("gpu-a", "gpu-b", "gpu-c"):
+            register_host(host, queues=["gpu-fleet"], devices=["0", "1", "2", "3"], celery_name=None, session=session)
+        session.commit()
+
+    @contextmanager
+    def create_session():
+        with Session(engine) as session:
+            yield session
+
+    monkeypatch.setattr(quota_command, "create_session", create_session)
+    return quota_command
+
+
+def _args(**kwargs):
+    import argparse
+
+    return argparse.Namespace(verbose=False, all=False, map_index=-1, **kwargs)
+
+
+def test_jobs_show_a_gangs_hosts_and_each_nodes_devices(seeded, capsys):
+    seeded.jobs(_args(output="table"))
+    table = capsys.readouterr().out
+    (gang,) = [line for line in table.splitlines() if " gang " in line]
+    assert "gpu-b,gpu-a (2 nodes)" in gang and "gpu-b:0,1 gpu-a:2,3" in gang
+    (one,) = [line for line in table.splitlines() if " one_host " in line]
+    assert " local " in one and "(1 nodes)" not in one
+
+    seeded.jobs(_args(output="csv"))
+    rows = {row["task_id"]: row for row in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    assert (rows["gang"]["nodes"], rows["gang"]["hosts"], rows["gang"]["devices"]) == (
+        "2", "gpu-b,gpu-a (2 nodes)", "gpu-b:0,1 gpu-a:2,3")
+    assert (rows["one_host"]["hosts"], rows["one_host"]["devices"]) == ("local", "7")
+
+    seeded.jobs(_args(output="json"))
+    gang = next(j for j in json.loads(capsys.readouterr().out) if j["task_id"] == "gang")
+    assert (gang["nodes"], gang["hosts"], gang["devices"]) == (2, ["gpu-b", "gpu-a"], ["0", "1"])
+    assert gang["placement"] == [{"host": "gpu-b", "devices": ["0", "1"]}, {"host": "gpu-a", "devices": ["2", "3"]}]
+
+
+def test_explain_a_gang_names_its_hosts_and_gpus_per_node(seeded, capsys):
+    seeded.explain(_args(output="table", dag_id="quota_cases", run_id="seeded", task_id="gang"))
+    out = capsys.readouterr().out
+    assert "4 GPUs (2 nodes x 2)" in out
+    assert "  hosts gpu-b,gpu-a (2 nodes)\n" in out
+    assert "  devices gpu-b:0,1 gpu-a:2,3\n" in out
+    assert "node 1 of 2" in out  # its admitted event per host
+    seeded.explain(_args(output="json", dag_id="quota_cases", run_id="seeded", task_id="gang"))
+    info = json.loads(capsys.readouterr().out)
+    assert [n["host"] for n in info["placement"]] == info["hosts"] == ["gpu-b", "gpu-a"]
+
+
+def test_hosts_count_a_gang_and_its_gpus_on_each_of_its_hosts(seeded, capsys):
+    seeded.hosts(_args(output="json"))
+    hosts = {h["name"]: (h["jobs"], h["in_use"]) for h in json.loads(capsys.readouterr().out)}
+    assert hosts == {"gpu-a": (1, 2), "gpu-b": (1, 2), "gpu-c": (0, 0)}

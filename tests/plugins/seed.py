@@ -6,7 +6,11 @@ after their case):
 
 ``{"case": str, "quota": str, "gpus": int, "priority": int, "state": "pending"|"running"|"finished",
 "devices": [str], "position": int, "reason": str, "starts_in_s": float, "waited_s": float, "preemptions": int,
-"preempted_by": <case>, "preempt_reason": str, "held": [[from_s_ago, until_s_ago], ...]}``
+"preempted_by": <case>, "preempt_reason": str, "held": [[from_s_ago, until_s_ago], ...], "nodes": int,
+"hosts": [[host, [device, ...]], ...], "backoff_s": float, "start_failures": int}``
+
+A gang has ``nodes`` > 1 (``gpus`` is its total); running, it holds ``hosts`` (one per node, node 0's
+first); pending with ``backoff_s``, it waits out that much of a backoff after ``start_failures``.
 
 ``held`` makes a finished job with that history in the audit log: an ``admitted`` and a ``released``
 event (``gpus`` devices) per stretch, so usage over past days has something to charge.
@@ -32,6 +36,7 @@ def seed(cases: list[dict]) -> dict[str, int]:
 def seed_into(cases: list[dict], *, session) -> dict[str, int]:
     """Create the cases' jobs in ``session`` (flushed, not committed); case name -> job id."""
     from airflow_quota_provider.models import transitions
+    from airflow_quota_provider.models.gang import GangNode, GangState
     from airflow_quota_provider.models.job import (
         EventKind,
         JobState,
@@ -52,6 +57,7 @@ def seed_into(cases: list[dict], *, session) -> dict[str, int]:
             try_number=1,
             quota=case["quota"],
             gpus=case.get("gpus", 1),
+            nodes=case.get("nodes", 1),
             priority=case.get("priority", 0),
             submitted_at=now - case.get("waited_s", 30.0),
             state=JobState.PENDING.value,
@@ -73,6 +79,12 @@ def seed_into(cases: list[dict], *, session) -> dict[str, int]:
             job.pending_position = case.get("position", 1)
             if "starts_in_s" in case:
                 job.estimated_start_at = now + case["starts_in_s"]
+            if "backoff_s" in case:
+                GangState(start_failures=case.get("start_failures", 1), not_before=now + case["backoff_s"]).save(job)
+        elif "hosts" in case:
+            gang = GangState(nodes=[GangNode(host, devices) for host, devices in case["hosts"]])
+            (host, devices), *_ = case["hosts"]
+            transitions.admit(job, host=host, devices=devices, gang=gang, now=now - 5, session=session)
         else:
             transitions.admit(job, host="local", devices=case.get("devices", []), now=now - 5, session=session)
             if state == "finished":

@@ -534,3 +534,29 @@ def test_job_filters_out_of_range_are_refused_without_a_server_error(server, job
     status, raw = _raw(server, "GET", f"/quota/api/jobs?{query}", user="viewer")
     assert status in (400, 422), raw[:500]
     assert len(raw) < 2000
+
+
+def test_a_running_gang_lists_its_nodes_hosts_and_each_nodes_devices(server, jobs):
+    (gang,) = server.seed({"case": "api_gang_running", "quota": "team-lab", "gpus": 2, "nodes": 2, "state": "running",
+                           "hosts": [["gpu-b", ["1"]], ["gpu-a", ["0"]]]}).values()
+    try:
+        status, body = server.request("GET", "/quota/api/jobs?task_id=api_gang_running", user="viewer")
+        assert status == 200, body
+        (job,) = body["jobs"]
+        assert (job["nodes"], job["gpus"], job["host"], job["hosts"]) == (2, 2, "gpu-b", ["gpu-b", "gpu-a"])
+        assert job["devices"] == ["1"]  # node 0's, on its host
+        assert job["placement"] == [{"host": "gpu-b", "devices": ["1"]}, {"host": "gpu-a", "devices": ["0"]}]
+        _, one_host = server.request("GET", "/quota/api/jobs?task_id=team_b_borrower_running", user="viewer")
+        (borrower,) = one_host["jobs"]
+        assert (borrower["nodes"], borrower["hosts"]) == (1, ["local"])
+        assert borrower["placement"] == [{"host": "local", "devices": ["0", "1", "2", "3", "4"]}]
+    finally:
+        server.finish(gang)
+    _, body = server.request("GET", "/quota/api/jobs?task_id=api_gang_running&state=finished", user="viewer")
+    assert (body["jobs"][0]["hosts"], body["jobs"][0]["placement"]) == ([], [])
+
+    _, schema = server.request("GET", "/quota/api/openapi.json", user="viewer")
+    job_schema = schema["components"]["schemas"]["JobResponse"]
+    assert {"nodes", "hosts", "placement"} <= set(job_schema["required"])
+    assert all(job_schema["properties"][f]["description"] for f in ("nodes", "hosts", "placement"))
+    assert set(schema["components"]["schemas"]["NodePlacement"]["properties"]) == {"host", "devices"}

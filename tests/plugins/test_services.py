@@ -214,3 +214,37 @@ def test_the_audit_log_filters_on_several_kinds_a_quota_and_a_job(tmp_path):
         assert kinds(kinds=None, job_id=behind) == ["priority_changed", "submitted"]
         with pytest.raises(services.BadRequest, match="^kind: 'nope' is not one of submitted, admitted"):
             kinds(kinds=["preempted,nope"])
+
+
+# ------------------------------------------------------------------------------------------- gangs
+
+GANGS = [
+    {"case": "gang_running", "quota": "team-a", "gpus": 4, "nodes": 2, "state": "running",
+     "hosts": [["gpu-b", ["0", "1"]], ["gpu-a", ["2", "3"]]]},
+    {"case": "gang_backing_off", "quota": "team-a", "gpus": 4, "nodes": 2, "backoff_s": 120, "start_failures": 2,
+     "reason": "evicted (gang ended: node 1 of 2 on host gpu-c was never taken by its host); waiting to be queued again"},
+    {"case": "gang_waiting", "quota": "team-a", "gpus": 4, "nodes": 2, "position": 2,
+     "reason": "needs 2 hosts with 2 GPUs free, 1 has (gpu-c)"},
+]
+
+
+def test_a_gang_shows_each_node_on_its_host_and_when_its_backoff_ends(tmp_path):
+    quota_file = parse_quota_file(yaml.safe_load(QUOTAS))
+    with _session(tmp_path) as session:
+        ids = seed_into(GANGS, session=session)
+        page = services.jobs(quota_file, quota=None, states=None, limit=10, offset=0, session=session)
+        (queue, _) = services.dashboard(quota_file, "quotas.yaml", session=session).queues
+    by_task = {j.task_id: j for j in page.jobs}
+    running, backing_off, waiting = (by_task[case] for case in ("gang_running", "gang_backing_off", "gang_waiting"))
+    assert (running.nodes, running.host, running.hosts) == (2, "gpu-b", ["gpu-b", "gpu-a"])
+    # node 0's devices, then every node's on its own host (not 0,1,2,3 on node 0's host)
+    assert running.devices == ["0", "1"]
+    assert [(n.host, n.devices) for n in running.placement] == [("gpu-b", ["0", "1"]), ("gpu-a", ["2", "3"])]
+    assert (backing_off.hosts, backing_off.placement, backing_off.devices) == ([], [], [])
+    assert backing_off.pending_reason.startswith("gang backing off after 2 failed starts: considered again in 1")
+    assert backing_off.pending_reason.endswith("; evicted (gang ended: node 1 of 2 on host gpu-c was never taken by "
+                                               "its host); waiting to be queued again")
+    assert waiting.pending_reason == "needs 2 hosts with 2 GPUs free, 1 has (gpu-c)"
+    pending = {p.id: p for quota in queue.quotas for p in quota.pending}
+    assert (pending[str(ids["gang_waiting"])].nodes, pending[str(ids["gang_waiting"])].gpus) == (2, 4)
+    assert pending[str(ids["gang_backing_off"])].reason == backing_off.pending_reason

@@ -328,3 +328,27 @@ def test_the_task_instance_link_opens_the_page_on_its_job_its_reason_and_its_pre
     assert f"job {job} stopped for job {preemptor}" in audit.text and "within_quota" in audit.text
     assert {e.get_attribute("data-kind") for e in browser.find_elements(By.CSS_SELECTOR, "#events tr[data-kind]")} == {
         "preempted"}
+
+
+def test_a_gang_shows_its_hosts_with_each_nodes_devices_and_its_gpus_per_node(server, browser):
+    server.baseline()
+    seeded = server.seed(
+        {"case": "ui_gang_running", "quota": "team-lab", "gpus": 2, "nodes": 2, "state": "running",
+         "hosts": [["gpu-b", ["1"]], ["gpu-a", ["0"]]]},
+        {"case": "ui_gang_waiting", "quota": "team-a", "gpus": 4, "nodes": 2, "position": 5,
+         "reason": "needs 2 hosts with 2 GPUs free, 1 has (gpu-c)"},
+    )
+    running, waiting = seeded["ui_gang_running"], seeded["ui_gang_waiting"]
+    try:
+        _log_in(browser, server, "viewer")
+        browser.get(f"{server.base}/quota/ui/?{urlsplit(quota_page_url(DAG_ID, RUN_ID, 'ui_gang_running', -1)).query}")
+        wait = WebDriverWait(browser, 60)
+        facts = wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, f"#ti-job[data-job='{running}']")))
+        assert "Hosts: devices gpu-b: 1 · gpu-a: 0" in facts.text and "GPUs 2 (2 nodes × 1)" in facts.text, facts.text
+        row = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f"#running tr[data-job='{running}']")))
+        assert row.find_element(By.CSS_SELECTOR, "td.placement").text == "gpu-b: 1 · gpu-a: 0"
+        pending = wait.until(ec.presence_of_element_located(
+            (By.CSS_SELECTOR, f"[data-quota='team-a'] tr[data-job='{waiting}']")))
+        assert "4 (2 nodes × 2)" in pending.text and "needs 2 hosts with 2 GPUs free" in pending.text, pending.text
+    finally:
+        server.finish(running)

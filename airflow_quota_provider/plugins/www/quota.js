@@ -125,7 +125,7 @@ function pendingTable(quota) {
         { "data-job": job.id },
         el("td", { class: "num" }, job.position ?? "–"),
         el("td", {}, link(job.label, job.ti_url)),
-        el("td", { class: "num" }, job.gpus),
+        el("td", { class: "num" }, `${job.gpus}${perNode(job)}`),
         priorityCell(job, quota.name, quota.max_priority),
         el("td", { class: "num" }, duration(job.waiting_s)),
         el("td", { class: "start" }, job.expected_start),
@@ -204,8 +204,19 @@ function drawPreemptions(data) {
   }
 }
 
+// A gang's GPUs are its total over its nodes, the same number on each of its hosts.
+function perNode(job) {
+  return job.nodes > 1 ? ` (${job.nodes} nodes × ${job.gpus / job.nodes})` : "";
+}
+
 function gpus(job) {
-  return job.borrowed_gpus ? `${job.owned_gpus} + ${job.borrowed_gpus} borrowed` : `${job.gpus}`;
+  return (job.borrowed_gpus ? `${job.owned_gpus} + ${job.borrowed_gpus} borrowed` : `${job.gpus}`) + perNode(job);
+}
+
+// Where a job holds GPUs: "host: devices" per node, node 0 first; its last host when it holds none.
+function placement(job) {
+  if (!job.placement.length) return `${job.host ?? "–"}: –`;
+  return job.placement.map((node) => `${node.host}: ${node.devices.join(",")}`).join(" · ");
 }
 
 function drawRunning(jobs) {
@@ -226,7 +237,7 @@ function drawRunning(jobs) {
         el("td", {}, link(name, job.ti_url), job.state === "stopping" ? el("span", { class: "badge" }, "stopping") : null),
         el("td", {}, job.quota),
         el("td", { class: "num" }, gpus(job)),
-        el("td", {}, `${job.host ?? "–"}: ${job.devices.join(",") || "–"}`),
+        el("td", { class: "placement" }, placement(job)),
         priorityCell(job, job.quota, job.max_priority),
         el("td", {}, job.started_at ? when(job.started_at) : "–"),
         el("td", { class: "num" }, `${job.preemptions} of ${job.preemption_limit ?? "∞"}`),
@@ -253,7 +264,7 @@ function jobFacts(job) {
     facts.push(["Position", job.pending_position ?? "–"], ["Why it waits", job.pending_reason ?? "waiting for the next scheduling cycle"],
                ["Start", job.expected_start], ["Waiting since", when(job.waiting_since)]);
   } else {
-    facts.push(["Host: devices", `${job.host ?? "–"}: ${job.devices.join(",") || "–"}`],
+    facts.push([job.nodes > 1 ? "Hosts: devices" : "Host: devices", placement(job)],
                ["Started", job.started_at ? when(job.started_at) : "–"], ["Finished", job.finished_at ? when(job.finished_at) : "–"]);
   }
   if (job.message) facts.push(["Message", job.message]);
