@@ -19,7 +19,7 @@ tasks = {
     dag_id: [
         {"task_id": t.task_id, "pool": t.pool, "pool_slots": t.pool_slots, "priority_weight": t.priority_weight,
          "weight_rule": str(t.weight_rule), "executor": t.executor, "executor_config": t.executor_config,
-         "operator": type(t).__name__}
+         "operator": type(t).__name__, "command": getattr(t, "command", None)}
         for t in dag.tasks
     ]
     for dag_id, dag in bag.dags.items()
@@ -44,7 +44,7 @@ def dagbag(tmp_path_factory):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-QUOTA_DAGS = {"quota_team_b_sweep", "quota_team_a_finetune", "quota_inference_eval"}
+QUOTA_DAGS = {"quota_team_b_sweep", "quota_team_a_finetune", "quota_team_a_pretrain", "quota_inference_eval"}
 
 
 def test_every_dag_file_in_dags_imports_without_errors(dagbag):
@@ -65,12 +65,13 @@ def test_the_aws_batch_examples_say_in_the_dag_list_and_their_docs_that_they_nee
 def test_example_tasks_are_quota_tasks_on_quotas_of_the_example_quota_file(dagbag):
     quotas = {q.name: q for q in load_quota_file(REPO / "examples" / "quotas.yaml").queues[0].quotas}
     tasks = [t for dag_id in QUOTA_DAGS for t in dagbag["tasks"][dag_id]]
-    assert len(tasks) == 8
+    assert len(tasks) == 9
     for t in tasks:
         assert t["pool"] in quotas, t
         assert t["pool_slots"] <= quotas[t["pool"]].capacity, t
         assert (t["executor"], t["weight_rule"]) == ("quota", "absolute"), t
-        assert set(t["executor_config"]["quota"]) == {"preemptible", "max_preemptions", "grace_period_s"}, t
+        gang = {"gpus", "nodes"} if t["executor_config"]["quota"].get("nodes") else set()
+        assert set(t["executor_config"]["quota"]) == {"preemptible", "max_preemptions", "grace_period_s", *gang}, t
 
 
 def test_example_story_borrows_then_reclaims(dagbag):
@@ -83,6 +84,24 @@ def test_example_story_borrows_then_reclaims(dagbag):
     assert finetune["pool"] == "team-a" and finetune["pool_slots"] <= quotas["team-a"].capacity
     assert finetune["priority_weight"] > max(t["priority_weight"] for t in sweep)
     assert finetune["executor_config"]["quota"]["preemptible"] is False
+
+
+def test_pretrain_example_is_a_gang_of_team_a_that_the_finetune_may_preempt(dagbag):
+    """2 nodes of 2 GPUs, counted 4 against team-a (its whole capacity); between the sweep and the
+    fine-tune in priority, so it reclaims from the sweep and the fine-tune preempts it; every node
+    runs torchrun with the gang's variables, which bash expands on each node."""
+    quotas = {q.name: q for q in load_quota_file(REPO / "examples" / "quotas.yaml").queues[0].quotas}
+    (pretrain,) = dagbag["tasks"]["quota_team_a_pretrain"]
+    assert {k: pretrain["executor_config"]["quota"][k] for k in ("gpus", "nodes")} == {"gpus": 2, "nodes": 2}
+    assert pretrain["pool"] == "team-a" and pretrain["pool_slots"] == 4 == quotas["team-a"].capacity
+    sweep = max(t["priority_weight"] for t in dagbag["tasks"]["quota_team_b_sweep"])
+    finetune = dagbag["tasks"]["quota_team_a_finetune"][0]["priority_weight"]
+    assert sweep < pretrain["priority_weight"] < finetune
+    assert pretrain["executor_config"]["quota"]["preemptible"] is True
+    command = pretrain["command"]
+    assert " -m torch.distributed.run --nnodes=$QUOTA_NNODES --nproc-per-node=1 --node-rank=$QUOTA_NODE_RANK" \
+        " --master-addr=$MASTER_ADDR --master-port=$MASTER_PORT " in command
+    assert command.split(" --master-port=$MASTER_PORT ")[1].startswith(str(REPO / "dags" / "scripts" / "train_mlp.py"))
 
 
 def test_inference_example_runs_its_mapped_shards_with_a_checkpoint_dir_each(tmp_path_factory):
