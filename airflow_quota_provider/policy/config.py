@@ -18,6 +18,7 @@ from airflow_quota_provider.policy.capacity import CohortTree
 from airflow_quota_provider.policy.documents import QUOTA_FILE_LIMITS, load_yaml
 from airflow_quota_provider.policy.errors import PolicyError, shorten
 from airflow_quota_provider.policy.fields import Fields, printable
+from airflow_quota_provider.policy.types import Fungibility, GpuType, parse_fungibility, parse_type_capacities, typed_value
 from airflow_quota_provider.policy.vocabulary import OnPreemptionLimit, Reclaim, Sharing, WithinQuota
 
 MAX_QUOTAS_PER_QUEUE = 20  # AWS Batch's documented limit; a setting, not a design bound.
@@ -120,6 +121,10 @@ class Queue:
     capacity_unit: str | None = None
     cohorts: tuple[Cohort, ...] = ()
     """Empty: the quotas are flat, all children of the root."""
+    types: tuple[GpuType, ...] = ()
+    """GPU types (:mod:`.types`), in the queue's order of preference; then ``capacity``, ``quotas``'
+    and ``cohorts``' capacities and limits are sums over the types. Empty: one untyped kind."""
+    fungibility: Fungibility = Fungibility()
 
     def quota(self, name: str) -> Quota:
         for quota in self.quotas:
@@ -357,13 +362,9 @@ def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QU
     for item, path in items:
         queue_fields = Fields(item, path)
         name = parse_name(queue_fields)
-        capacity = queue_fields.int("capacity", minimum=1)
         capacity_unit = queue_fields.str("capacity_unit", None)
-        quotas = tuple(parse_quota(q, q_path) for q, q_path in queue_fields.list("quotas"))
-        cohorts = tuple(parse_cohort(c, c_path) for c, c_path in queue_fields.list("cohorts", []))
+        capacity, quotas, cohorts, types, fungibility = parse_queue_body(queue_fields, path, max_quotas=max_quotas_per_queue)
         queue_fields.done()
-        check_quotas(quotas, capacity, queue_fields.child("quotas"), max_quotas=max_quotas_per_queue)
-        check_cohorts(cohorts, quotas, capacity, path)
         if any(q.name == name for q in queues):
             raise PolicyError(queue_fields.child("name"), f"duplicate job queue name {name!r}")
         for index, quota in enumerate(quotas):
@@ -376,9 +377,72 @@ def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QU
                 if team in team_paths:
                     raise PolicyError(f"{quota_path}.teams", f"team {team!r} is already mapped at {team_paths[team]}")
                 team_paths[team] = quota_path
-        queues.append(Queue(name=name, capacity=capacity, quotas=quotas, capacity_unit=capacity_unit, cohorts=cohorts))
+        queues.append(Queue(name=name, capacity=capacity, quotas=quotas, capacity_unit=capacity_unit, cohorts=cohorts,
+                            types=types, fungibility=fungibility))
     fields.done()
     return QuotaFile(queues=tuple(queues))
+
+
+def parse_queue_body(
+    fields: Fields, path: str, *, max_quotas: int
+) -> tuple[int, tuple[Quota, ...], tuple[Cohort, ...], tuple[GpuType, ...], Fungibility]:
+    """A job queue's ``capacity``, ``quotas`` and ``cohorts`` (a quota file's queue, or a decision
+    file, ``path`` empty), checked as a whole. A ``capacity`` mapping ``{type: GPUs}`` makes a queue with
+    GPU types (:mod:`.types`): its quotas' and cohorts' ``capacity`` are mappings too, their limits
+    mappings or a percentage of each type's capacity, and ``fungibility`` says how a job chooses."""
+    def at(key: str) -> str:
+        return f"{path}.{key}" if path else key
+
+    raw = fields.raw("capacity", None)
+    if not isinstance(raw, dict):
+        capacity = fields.int("capacity", minimum=1)
+        quotas = tuple(parse_quota(q, q_path) for q, q_path in fields.list("quotas"))
+        cohorts = tuple(parse_cohort(c, c_path) for c, c_path in fields.list("cohorts", []))
+        if fields.has("fungibility"):
+            raise PolicyError(fields.child("fungibility"), "only for a job queue whose capacity is per GPU type")
+        check_quotas(quotas, capacity, at("quotas"), max_quotas=max_quotas)
+        check_cohorts(cohorts, quotas, capacity, path)
+        return capacity, quotas, cohorts, (), Fungibility()
+    capacities = parse_type_capacities(raw, fields.child("capacity"))
+    fungibility = parse_fungibility(fields.raw("fungibility", None), fields.child("fungibility"))
+    quotas_by_type, quotas = _typed_entries(fields.list("quotas"), capacities, parse_quota, "quota")
+    cohorts_by_type, cohorts = _typed_entries(fields.list("cohorts", []), capacities, parse_cohort, "cohort")
+    types = []
+    for name, capacity in capacities.items():
+        try:
+            check_quotas(quotas_by_type[name], capacity, at("quotas"), max_quotas=max_quotas)
+            check_cohorts(cohorts_by_type[name], quotas_by_type[name], capacity, path)
+        except PolicyError as e:
+            raise PolicyError(e.path, f"{e.message} (GPU type {name})") from None
+        types.append(GpuType(name, capacity, quotas_by_type[name], cohorts_by_type[name]))
+    total = sum(capacities.values())
+    check_quotas(quotas, total, at("quotas"), max_quotas=max_quotas)
+    check_cohorts(cohorts, quotas, total, path)
+    return total, quotas, cohorts, tuple(types), fungibility
+
+
+def _typed_entries(items: list[tuple[Any, str]], capacities: dict[str, int], parse: Callable, what: str):
+    """Quotas (or cohorts) of a queue with GPU types: per type, each entry with that type's capacity
+    and limits; and each entry with their sums (what is shown where types do not matter)."""
+    by_type: dict[str, list] = {name: [] for name in capacities}
+    summed = []
+    for item, item_path in items:
+        if not isinstance(item, dict):
+            parse(item, item_path)  # raises, naming what is wrong
+        own = typed_value(item.get("capacity"), capacities, f"{item_path}.capacity", what=f"a {what}'s capacity", percent=False)
+        limits = {
+            key: typed_value(item.get(key), own, f"{item_path}.{key}", what=f"a {what}'s {key}", percent=True)
+            for key in ("borrow_limit", "lend_limit")
+        }
+        for name in capacities:
+            typed = {**item, "capacity": own[name], **{key: limit[name] for key, limit in limits.items()}}
+            try:
+                by_type[name].append(parse(typed, item_path))
+            except PolicyError as e:
+                raise PolicyError(e.path, f"{e.message} (GPU type {name})") from None
+        sums = {key: None if None in limit.values() else sum(limit.values()) for key, limit in limits.items()}
+        summed.append(parse({**item, "capacity": sum(own.values()), **sums}, item_path))
+    return {name: tuple(entries) for name, entries in by_type.items()}, tuple(summed)
 
 
 def load_quota_file(path: str | Path, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) -> QuotaFile:

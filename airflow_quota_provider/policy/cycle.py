@@ -60,6 +60,7 @@ from airflow_quota_provider.policy.preemption_policy import effective_max_preemp
 from airflow_quota_provider.policy.reasons import Explainer
 from airflow_quota_provider.policy.running import Running
 from airflow_quota_provider.policy.state import State
+from airflow_quota_provider.policy.types import decide_types
 from airflow_quota_provider.policy.vocabulary import Reclaim, WithinQuota
 
 
@@ -69,6 +70,12 @@ def decide(state: State, now: float, *, explain: bool = True) -> Decision:
     With ``explain=False`` the waiting jobs get no position or reason (``pending`` stays empty), for
     callers that act only on admissions, preemptions and rejections (the simulator).
     """
+    if state.types:
+        return decide_types(state, now, explain, _decide_one)
+    return _Cycle(state, now).run(explain)
+
+
+def _decide_one(state: State, now: float, explain: bool) -> Decision:
     return _Cycle(state, now).run(explain)
 
 

@@ -67,18 +67,26 @@ class Decision:
     state had no hosts."""
     placed: bool = False
     """True when the state had hosts: ``to_dict`` then says where each admitted job starts."""
+    types: dict[str, str] = field(default_factory=dict)
+    """Admitted job id -> the GPU type it starts on; empty for a job queue without types."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "admit": [_placed(i, self.hosts[i]) for i in self.admit] if self.placed else list(self.admit),
+            "admit": [self._admission(i) for i in self.admit] if self.placed or self.types else list(self.admit),
             "preempt": [p.to_dict() for p in self.preempt],
             "pending": [p.to_dict() for p in self.pending],
             "reject": [r.to_dict() for r in self.reject],
         }
 
 
-def _placed(job_id: str, where: str | list[str]) -> dict[str, Any]:
-    """An admission with hosts: a gang's gives every node's host, ``host`` its node 0's."""
-    if isinstance(where, str):
-        return {"id": job_id, "host": where}
-    return {"id": job_id, "host": where[0], "hosts": list(where)}
+    def _admission(self, job_id: str) -> dict[str, Any]:
+        """An admission with hosts (a gang's: every node's, ``host`` its node 0's) or a GPU type."""
+        out: dict[str, Any] = {"id": job_id}
+        where = self.hosts.get(job_id)
+        if isinstance(where, str):
+            out["host"] = where
+        elif where is not None:
+            out.update(host=where[0], hosts=list(where))
+        if job_id in self.types:
+            out["gpu_type"] = self.types[job_id]
+        return out

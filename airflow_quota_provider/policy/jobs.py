@@ -51,6 +51,10 @@ class Job:
     nodes: int = 1
     hosts: tuple[str, ...] = ()
     """A running gang's hosts, node 0's first (one per node); empty for a job on one host."""
+    gpu_types: tuple[str, ...] = ()
+    """The GPU types it may run on, in its order of preference; empty: any, in the job queue's order."""
+    gpu_type: str | None = None
+    """The GPU type a running job runs on (a job queue with types, :mod:`.types`)."""
 
     @property
     def gpus_per_node(self) -> int:
@@ -74,5 +78,7 @@ class Host:
     queue's hosts, so a job only it can hold waits for it to return instead of being rejected."""
     rack: str | None = None
     zone: str | None = None
+    type: str | None = None
+    """Its GPUs' type, in a job queue with types (a host holds one type)."""
     """Topology labels: a gang's nodes go to hosts of one rack if it can, else of one zone (Kueue's
     ``podset-preferred-topology``), else anywhere."""

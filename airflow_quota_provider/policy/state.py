@@ -14,21 +14,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_quota_provider.policy.config import (
-    MAX_QUOTAS_PER_QUEUE,
-    Cohort,
-    Queue,
-    Quota,
-    check_cohorts,
-    check_quotas,
-    parse_cohort,
-    parse_quota,
-)
+from airflow_quota_provider.policy.config import MAX_QUOTAS_PER_QUEUE, Cohort, Queue, Quota, parse_queue_body
 from airflow_quota_provider.policy.errors import PolicyError
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.fields import Fields
 from airflow_quota_provider.policy.jobs import MAX_NODES, Host, Job
 from airflow_quota_provider.policy.running import Running
+from airflow_quota_provider.policy.types import Fungibility, GpuType
 
 
 @dataclass(frozen=True)
@@ -53,6 +45,10 @@ class State:
     hosts: tuple[Host, ...] | None = None
     cohorts: tuple[Cohort, ...] = ()
     """The queue's cohorts (DESIGN §2, hierarchical cohorts); empty: the quotas are flat."""
+    types: tuple[GpuType, ...] = ()
+    """A job queue with GPU types: each type's capacities (:mod:`.types`); then ``capacity``,
+    ``quotas`` and ``cohorts`` are only their sums, and each type decides apart."""
+    fungibility: Fungibility = Fungibility()
 
     @classmethod
     def for_queue(
@@ -71,22 +67,26 @@ class State:
             pending=pending,
             hosts=None if hosts is None else tuple(hosts),
             cohorts=queue.cohorts,
+            types=queue.types,
+            fungibility=queue.fungibility,
         )
 
 
-def _parse_host(data: Any, path: str) -> tuple[Host, str | None]:
-    """One ``hosts`` entry, and the job queue it names (``queue`` is optional)."""
+def _parse_host(data: Any, path: str, types: tuple[str, ...]) -> tuple[Host, str | None]:
+    """One ``hosts`` entry, and the job queue it names (``queue`` is optional); with GPU ``types``
+    its ``type`` is one of them."""
     fields = Fields(data, path)
     host = Host(
         name=fields.str("name"), gpus=fields.int("gpus", minimum=1), down=fields.bool("down", False),
         rack=fields.str("rack", None), zone=fields.str("zone", None),
+        type=fields.str("type", choices=types) if types else None,
     )
     queue = fields.str("queue", None)
     fields.done()
     return host, queue
 
 
-def _parse_hosts(fields: Fields, capacity: int) -> tuple[Host, ...] | None:
+def _parse_hosts(fields: Fields, capacity: int, types: tuple[GpuType, ...] = ()) -> tuple[Host, ...] | None:
     """The decision file's ``hosts``: absent or null for one implicit host of ``capacity`` GPUs.
 
     A host may say which job queue it serves (as the executor's host rows do); a decision file is
@@ -102,7 +102,7 @@ def _parse_hosts(fields: Fields, capacity: int) -> tuple[Host, ...] | None:
     seen: dict[str, str] = {}
     first_queue: tuple[str, str] | None = None
     for item, path in items:
-        host, queue = _parse_host(item, path)
+        host, queue = _parse_host(item, path, tuple(t.name for t in types))
         if host.name in seen:
             raise PolicyError(f"{path}.name", f"duplicate host name {host.name!r} (also at {seen[host.name]})")
         seen[host.name] = f"{path}.name"
@@ -118,11 +118,18 @@ def _parse_hosts(fields: Fields, capacity: int) -> tuple[Host, ...] | None:
     total = sum(host.gpus for host in hosts)
     if total > capacity:
         raise PolicyError(fields.child("hosts"), f"host GPUs sum to {total}, above the job queue's capacity {capacity}")
+    for gpu_type in types:
+        total = sum(host.gpus for host in hosts if host.type == gpu_type.name)
+        if total > gpu_type.capacity:
+            raise PolicyError(
+                fields.child("hosts"), f"{gpu_type.name} host GPUs sum to {total}, above the job queue's {gpu_type.name} capacity {gpu_type.capacity}"
+            )
     return tuple(hosts)
 
 
 def _parse_job(
-    data: Any, path: str, quota_names: tuple[str, ...], *, running: bool, host_names: tuple[str, ...] | None = None
+    data: Any, path: str, quota_names: tuple[str, ...], *, running: bool, host_names: tuple[str, ...] | None = None,
+    types: tuple[str, ...] = (),
 ) -> Job:
     """One ``running`` or ``pending`` entry; ``host`` is required on running jobs when there are hosts
     (a gang's ``hosts``, one per node, node 0's first). ``gpus`` is per host, as a task says it."""
@@ -154,7 +161,11 @@ def _parse_job(
         expected_runtime_s=fields.number("expected_runtime_s", None, nullable=True),
         preempted_for=fields.str("preempted_for", None) if running else None,
         host=hosts[0] if hosts else fields.str("host", choices=host_names) if running and host_names is not None else None,
+        gpu_types=() if running else _parse_gpu_types(fields, types),
+        gpu_type=fields.str("gpu_type", choices=types) if running and types else None,
     )
+    if not types and fields.has("gpu_type"):
+        raise PolicyError(fields.child("gpu_type"), "only allowed when the job queue's capacity is per GPU type")
     for key in ("host", "hosts"):
         if running and host_names is None and fields.has(key):
             raise PolicyError(fields.child(key), "only allowed when the decision file lists hosts")
@@ -162,6 +173,20 @@ def _parse_job(
         raise PolicyError(fields.child("hosts"), "only allowed on running jobs")
     fields.done()
     return job
+
+
+def _parse_gpu_types(fields: Fields, types: tuple[str, ...]) -> tuple[str, ...]:
+    """A waiting job's ``gpu_type``: a type, or a list of them in its order of preference; any of the
+    job queue's types (a job asking only for others is rejected by the decision, saying so)."""
+    if not types:
+        return ()
+    value = fields.raw("gpu_type", None)
+    items = [value] if isinstance(value, str) else value
+    if value is None:
+        return ()
+    if not isinstance(items, list) or not items or not all(isinstance(t, str) and t for t in items) or len(items) > 16:
+        raise PolicyError(fields.child("gpu_type"), f"expected a GPU type or a list of up to 16 of them, got {value!r}")
+    return tuple(dict.fromkeys(items))
 
 
 def _parse_gang_hosts(fields: Fields, nodes: int, host_names: tuple[str, ...]) -> tuple[str, ...]:
@@ -203,21 +228,24 @@ def parse_state(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) 
     """
     fields = Fields(data, "")
     now = fields.number("now", minimum=None)
-    capacity = fields.int("capacity", minimum=1)
-    quotas = tuple(parse_quota(item, path) for item, path in fields.list("quotas"))
-    check_quotas(quotas, capacity, "quotas", max_quotas=max_quotas_per_queue)
-    cohorts = tuple(parse_cohort(item, path) for item, path in fields.list("cohorts", []))
-    check_cohorts(cohorts, quotas, capacity, "")
+    capacity, quotas, cohorts, types, fungibility = parse_queue_body(fields, "", max_quotas=max_quotas_per_queue)
     names = tuple(q.name for q in quotas)
-    hosts = _parse_hosts(fields, capacity)
+    type_names = tuple(t.name for t in types)
+    hosts = _parse_hosts(fields, capacity, types)
     host_names = None if hosts is None else tuple(host.name for host in hosts)
     running = tuple(
-        _parse_job(item, path, names, running=True, host_names=host_names) for item, path in fields.list("running", [])
+        _parse_job(item, path, names, running=True, host_names=host_names, types=type_names)
+        for item, path in fields.list("running", [])
     )
-    pending = tuple(_parse_job(item, path, names, running=False) for item, path in fields.list("pending", []))
+    pending = tuple(_parse_job(item, path, names, running=False, types=type_names) for item, path in fields.list("pending", []))
     fields.done()
     if hosts is not None:
         _check_hosts_hold(running, hosts)
+        host_type = {host.name: host.type for host in hosts}
+        for index, job in enumerate(running):
+            for host in job.placed_on:
+                if host_type[host] != job.gpu_type:
+                    raise PolicyError(f"running[{index}].gpu_type", f"{job.gpu_type} on host {host}, whose GPUs are {host_type[host]}")
     seen: dict[str, str] = {}
     for kind, jobs in (("running", running), ("pending", pending)):
         for index, job in enumerate(jobs):
@@ -225,4 +253,8 @@ def parse_state(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) 
             if job.id in seen:
                 raise PolicyError(path, f"duplicate job id {job.id!r} (also at {seen[job.id]})")
             seen[job.id] = path
-    return State(capacity=capacity, quotas=quotas, running=running, pending=pending, hosts=hosts, cohorts=cohorts), now
+    state = State(
+        capacity=capacity, quotas=quotas, running=running, pending=pending, hosts=hosts, cohorts=cohorts,
+        types=types, fungibility=fungibility,
+    )
+    return state, now

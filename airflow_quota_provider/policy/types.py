@@ -1,0 +1,277 @@
+"""GPU types (issue 33): a job queue whose capacity is a mapping ``{type: GPUs}``, Kueue's
+ResourceFlavors and AWS Batch's per-instance-type capacity limits.
+
+A typed job queue is decided as one untyped queue per type (:class:`GpuType`: that type's capacities
+of the queue, its quotas and its cohorts), so the quota arithmetic stays the one of
+:mod:`.capacity`, applied per type, and a job never runs on a type beyond that type's limits. Each
+cycle first gives every waiting job one type to try (:func:`assign_types`): its own preference
+(``gpu_type``, a name or a list) or, untyped, the queue's order; the first type where it fits within
+its quota, else, by the queue's :class:`Fungibility`, the first where it may borrow or where
+preempting could make room (Kueue's ``whenCanBorrow`` / ``whenCanPreempt``). A job held for its
+victims keeps their type. Then each type decides on its own jobs (:func:`decide_types`); a waiting
+job's reason names the type it waits on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from airflow_quota_provider.policy.backlog import Backlog
+from airflow_quota_provider.policy.capacity import CohortTree, TreeUsage, Usage, ever_fits
+from airflow_quota_provider.policy.decision import Decision, Rejection
+from airflow_quota_provider.policy.errors import PolicyError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+    from airflow_quota_provider.policy.config import Cohort, Quota
+    from airflow_quota_provider.policy.jobs import Host, Job
+    from airflow_quota_provider.policy.state import State
+
+MAX_TYPES = 5
+"""GPU types per job queue: AWS Batch's capacity limits per quota share."""
+
+
+class WhenCanBorrow(str, Enum):
+    """Where a job can run on one type only by borrowing (Kueue's ``whenCanBorrow``)."""
+
+    BORROW = "borrow"
+    """Borrow on that type (Kueue's default)."""
+    TRY_NEXT_TYPE = "try_next_type"
+    """Try the next types for one where it fits within its quota; borrow only if none has room."""
+
+
+class WhenCanPreempt(str, Enum):
+    """Where a job can run on one type only by preempting (Kueue's ``whenCanPreempt``)."""
+
+    TRY_NEXT_TYPE = "try_next_type"
+    """Try the next types for one where it fits or borrows; preempt only if none has room (Kueue's default)."""
+    PREEMPT = "preempt"
+    """Preempt on that type."""
+
+
+@dataclass(frozen=True)
+class Fungibility:
+    when_can_borrow: WhenCanBorrow = WhenCanBorrow.BORROW
+    when_can_preempt: WhenCanPreempt = WhenCanPreempt.TRY_NEXT_TYPE
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """One GPU type of a typed job queue, as an untyped queue: the type's capacity of the queue and
+    its quotas and cohorts with that type's capacities and limits."""
+
+    name: str
+    capacity: int
+    quotas: tuple[Quota, ...]
+    cohorts: tuple[Cohort, ...] = ()
+
+    def quota(self, name: str) -> Quota:
+        for quota in self.quotas:
+            if quota.name == name:
+                return quota
+        raise PolicyError("quota", f"{name!r} is not one of {', '.join(q.name for q in self.quotas)}")
+
+
+# ------------------------------------------------------------------------------------ quota file
+
+
+def parse_type_capacities(value: Any, path: str) -> dict[str, int]:
+    """A typed job queue's ``capacity``: ``{type: GPUs}``, 1 to :data:`MAX_TYPES` types, in the
+    queue's order of preference."""
+    if not isinstance(value, dict) or not value:
+        raise PolicyError(path, "expected a mapping {GPU type: GPUs}")
+    if len(value) > MAX_TYPES:
+        raise PolicyError(path, f"{len(value)} GPU types; at most {MAX_TYPES} (AWS Batch's capacity limits per share)")
+    out = {}
+    for name, gpus in value.items():
+        _check_type_name(name, path)
+        out[name] = _check_gpus(gpus, f"{path}.{name}", minimum=1)
+    return out
+
+
+def typed_value(value: Any, types: Mapping[str, int], path: str, *, what: str, percent: bool) -> dict[str, int | None]:
+    """A quota's or cohort's typed field: ``{type: GPUs}`` (types left out: 0, or no limit for a
+    limit), or, for a limit (``percent``), ``"N%"`` of each type's capacity as AWS Batch's borrow
+    limit is. ``types``: the job queue's capacities (a limit's percentage is of the entry's own)."""
+    if value is None:
+        return {name: None for name in types} if percent else {name: 0 for name in types}
+    if isinstance(value, str) and percent and value.endswith("%"):
+        try:
+            share = float(value[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 <= share <= 1000:
+            raise PolicyError(path, f"{value!r} is not a percentage from 0% to 1000%")
+        return {name: int(capacity * share / 100) for name, capacity in types.items()}
+    if not isinstance(value, dict):
+        allowed = "a mapping {GPU type: GPUs} or a percentage such as \"50%\"" if percent else "a mapping {GPU type: GPUs}"
+        raise PolicyError(path, f"{what} of a job queue with GPU types is {allowed}, got {value!r}")
+    for name in value:
+        if name not in types:
+            raise PolicyError(f"{path}.{name}", f"{name!r} is not one of the job queue's GPU types {', '.join(types)}")
+    return {name: (_check_gpus(value[name], f"{path}.{name}", minimum=0) if name in value else (None if percent else 0))
+            for name in types}
+
+
+def _check_type_name(name: Any, path: str) -> None:
+    if not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "._-" for c in name):
+        raise PolicyError(path, f"GPU type {name!r}: letters, digits, '.', '-' and '_', at most 64")
+
+
+def _check_gpus(value: Any, path: str, *, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum or value > 2**31 - 1:
+        raise PolicyError(path, f"{value!r} is not an integer from {minimum} to {2**31 - 1}")
+    return value
+
+
+def parse_fungibility(data: Any, path: str) -> Fungibility:
+    from airflow_quota_provider.policy.fields import Fields
+
+    if data is None:
+        return Fungibility()
+    fields = Fields(data, path)
+    fungibility = Fungibility(
+        when_can_borrow=WhenCanBorrow(fields.str("when_can_borrow", Fungibility.when_can_borrow, choices=WhenCanBorrow)),
+        when_can_preempt=WhenCanPreempt(fields.str("when_can_preempt", Fungibility.when_can_preempt, choices=WhenCanPreempt)),
+    )
+    fields.done()
+    return fungibility
+
+
+def per_type(
+    type_name: str, capacities: Mapping[str, Mapping[str, int | None]], entries: Sequence[Any], fields: Sequence[str]
+) -> list[Any]:
+    """The quotas (or cohorts) of one type: each entry with its typed ``fields`` set to that type's value
+    (``capacities[entry name][field]`` maps type -> value)."""
+    return [replace(entry, **{f: capacities[entry.name][f][type_name] for f in fields}) for entry in entries]
+
+
+# ------------------------------------------------------------------------------------- deciding
+
+
+def check_job_types(job: Job, types: Sequence[str]) -> str | None:
+    """Why ``job`` can run on none of the queue's ``types``, or None."""
+    if job.gpu_types and not any(t in types for t in job.gpu_types):
+        asked = ", ".join(job.gpu_types)
+        return f"gpu_type: {asked} is not one of this job queue's GPU types ({', '.join(types)})"
+    return None
+
+
+_FIT, _BORROW, _PREEMPT = 0, 1, 2
+
+
+def assign_types(state: State, now: float) -> tuple[dict[str, list[Job]], list[Rejection]]:
+    """Each waiting job's type for this cycle (in queue order), and the jobs no type can ever hold."""
+    types = {t.name: t for t in state.types}
+    order = list(types)
+    fungibility = state.fungibility
+    in_use: dict[str, dict[str, int]] = {name: {} for name in order}
+    held: dict[str, str] = {}  # a preemptor waiting for its victims -> their type
+    for job in state.running:
+        if job.gpu_type in types:
+            in_use[job.gpu_type][job.quota] = in_use[job.gpu_type].get(job.quota, 0) + job.gpus
+            if job.preempted_for is not None:
+                held[job.preempted_for] = job.gpu_type
+    usage = {name: _usage(types[name], in_use[name]) for name in order}
+    queue_used = {name: sum(in_use[name].values()) for name in order}
+    assigned: dict[str, list[Job]] = {name: [] for name in order}
+    rejected: list[Rejection] = []
+    most: dict[tuple[str, str], int] = {}
+    hosts: dict[str, list[int]] = {name: [] for name in order}  # each type's hosts' GPUs, largest first
+    for host in state.hosts or ():
+        if host.type in hosts:
+            hosts[host.type].append(host.gpus)
+    for sizes in hosts.values():
+        sizes.sort(reverse=True)
+    for job in state.pending:
+        if job.id in held:
+            assigned[held[job.id]].append(job)
+            continue
+        why = check_job_types(job, order)
+        if why is not None:
+            rejected.append(Rejection(job.id, why))
+            continue
+        choice, best = None, None
+        for name in job.gpu_types or order:
+            gpu_type = types.get(name)
+            if gpu_type is None:
+                continue
+            try:
+                quota = gpu_type.quota(job.quota)
+            except PolicyError:
+                break  # an unknown quota: the type's own decision rejects it, naming the quotas
+            key = (name, job.quota)
+            if key not in most:
+                most[key] = ever_fits(quota, gpu_type.quotas, gpu_type.capacity, gpu_type.cohorts)
+            sizes = hosts[name]
+            if job.gpus > most[key] or (state.hosts is not None and (
+                len(sizes) < job.nodes or sizes[job.nodes - 1] < job.gpus_per_node
+            )):
+                continue  # this type can never hold it
+            mode = _mode(job, usage[name], gpu_type, queue_used[name])
+            if mode == _FIT or (mode == _BORROW and fungibility.when_can_borrow == WhenCanBorrow.BORROW) or (
+                mode == _PREEMPT and fungibility.when_can_preempt == WhenCanPreempt.PREEMPT
+            ):
+                choice = name
+                break
+            if best is None or mode < best[0]:
+                best = (mode, name)
+        if choice is None and best is not None:
+            choice = best[1]
+        if choice is None:  # too large for every type it may use: its first type's decision says why
+            choice = next(n for n in job.gpu_types or order if n in types)
+        elif _mode(job, usage[choice], types[choice], queue_used[choice]) != _PREEMPT:  # it takes room there
+            usage[choice].add(job.quota, job.gpus)
+            queue_used[choice] += job.gpus
+        assigned[choice].append(job)
+    return assigned, rejected
+
+
+def _mode(job: Job, usage: Usage, gpu_type: GpuType, queue_used: int) -> int:
+    """Whether ``job`` fits on the type within its quota, by borrowing, or only by preempting."""
+    if queue_used + job.gpus <= gpu_type.capacity:
+        if usage.fits(job.quota, job.gpus, borrow=False):
+            return _FIT
+        if usage.fits(job.quota, job.gpus, borrow=True):
+            return _BORROW
+    return _PREEMPT
+
+
+def _usage(gpu_type: GpuType, in_use: dict[str, int]) -> Usage:
+    if not gpu_type.cohorts:
+        return Usage(gpu_type.capacity, gpu_type.quotas, in_use)
+    return TreeUsage(gpu_type.capacity, gpu_type.quotas, CohortTree(gpu_type.capacity, gpu_type.quotas, gpu_type.cohorts), in_use)
+
+
+def decide_types(state: State, now: float, explain: bool, decide_one: Callable[[State, float, bool], Decision]) -> Decision:
+    """Decide a typed job queue: one untyped decision per type, on the jobs given that type."""
+    from airflow_quota_provider.policy.state import State
+
+    assigned, rejected = assign_types(state, now)
+    running: dict[str, list[Job]] = {t.name: [] for t in state.types}
+    for job in state.running:
+        if job.gpu_type in running:
+            running[job.gpu_type].append(job)
+    hosts: dict[str, list[Host]] = {t.name: [] for t in state.types}
+    for host in state.hosts or ():
+        if host.type in hosts:
+            hosts[host.type].append(host)
+    out = Decision(reject=rejected, placed=state.hosts is not None)
+    for gpu_type in state.types:
+        name = gpu_type.name
+        sub = State(
+            capacity=gpu_type.capacity, quotas=gpu_type.quotas, running=tuple(running[name]),
+            pending=Backlog(assigned[name]), hosts=None if state.hosts is None else tuple(hosts[name]),
+            cohorts=gpu_type.cohorts,
+        )
+        decision = decide_one(sub, now, explain)
+        out.admit += decision.admit
+        out.hosts.update(decision.hosts)
+        out.types.update(dict.fromkeys(decision.admit, name))
+        out.preempt += decision.preempt
+        out.reject += [replace(r, reason=f"{name}: {r.reason}") for r in decision.reject]
+        out.pending += [replace(p, reason=f"{name}: {p.reason}") for p in decision.pending]
+    return out
