@@ -44,8 +44,12 @@ def _provider_installed() -> bool:
 
 
 def provider_shim(root: Path) -> Path:
-    """A site dir that registers the provider's entry point; empty when it is pip-installed already."""
+    """A site dir that registers the provider's entry point (unless it is pip-installed already), and
+    makes every process of the test print all its threads' stacks on SIGQUIT (:meth:`AirflowInstance.stacks`)."""
     root.mkdir(parents=True, exist_ok=True)
+    (root / "sitecustomize.py").write_text(
+        "import faulthandler, signal\nfaulthandler.register(signal.SIGQUIT, all_threads=True)\n"
+    )
     if _provider_installed():
         return root
     dist = root / "airflow_quota_provider-0.1.0.dist-info"
@@ -250,6 +254,17 @@ class AirflowInstance:
         for pid in self.task_pids() + self._orphan_groups:
             _kill_group(pid, signal.SIGKILL)
         self.procs.clear()
+
+    def stacks(self, *names: str) -> str:
+        """The logs of processes ``names`` after each printed its threads' stacks: where a hung one
+        waits (for a wait that timed out; a process that is gone is only tailed)."""
+        for name in names:
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGQUIT)
+        time.sleep(2)
+        return "".join(f"\n--- {name} ({'running' if name in self.procs and self.procs[name].poll() is None else 'gone'}):\n"
+                       f"{self.tail(name, chars=20000)}" for name in names)
 
     def tail(self, name: str, chars: int = 6000) -> str:
         path = self.home / f"{name}.log"

@@ -148,6 +148,13 @@ def _scheduler_ids(fleet: Fleet) -> list[int]:
     return [r["id"] for r in fleet.sql("SELECT id FROM job WHERE job_type = 'SchedulerJob' AND state = 'running' ORDER BY id")]
 
 
+def _beating_schedulers(fleet: Fleet) -> list[int]:
+    """The running schedulers whose heartbeat is at most 15 s old (the database's clock)."""
+    return [r["id"] for r in fleet.sql(
+        "SELECT id FROM job WHERE job_type = 'SchedulerJob' AND state = 'running' "
+        "AND latest_heartbeat > now() - interval '15 seconds'")]
+
+
 def _anchor_owner(fleet: Fleet) -> int | None:
     """The scheduler (job id) that queued a long task now running, if one is."""
     rows = fleet.sql("SELECT queued_by_job_id FROM task_instance WHERE dag_id = 'ha_anchor' AND state = 'running' "
@@ -177,25 +184,29 @@ def _admitters(fleet: Fleet) -> set[str]:
 def test_two_schedulers_through_every_fault_admit_nothing_twice_and_lose_nothing(fleet):
     low = fleet.trigger("ha_low")
     wait_for(lambda: len(fleet.events("admitted")) >= 8, "the fleet to fill", timeout=300,
-             on_timeout=lambda: fleet.tail("scheduler"))
+             on_timeout=lambda: fleet.stacks("scheduler", "scheduler-2"))
     high = fleet.trigger("ha_high")
 
     def at(fraction: float) -> None:
         wait_for(lambda: _finished(fleet) >= fraction * TASKS, f"{fraction:.0%} of the tasks to finish",
-                 timeout=600, interval=2, on_timeout=lambda: fleet.tail("scheduler") + fleet.tail("scheduler-2"))
+                 timeout=600, interval=2, on_timeout=lambda: fleet.stacks("scheduler", "scheduler-2"))
 
     at(0.15)
+    # Both schedulers alive and beating before one is killed, or the survivor could never adopt (a
+    # hung one shows where it waits).
+    wait_for(lambda: len(_beating_schedulers(fleet)) == 2, "both schedulers to heartbeat", timeout=60,
+             on_timeout=lambda: fleet.stacks("scheduler", "scheduler-2"))
     # Kill a scheduler while it holds a long task: its short ones may all end (run on by the other
     # scheduler) before it is declared dead, and then there is nothing to adopt.
     anchor = fleet.trigger("ha_anchor")
     owner = wait_for(lambda: _anchor_owner(fleet), "a long task to run", timeout=300,
-                     on_timeout=lambda: fleet.tail("scheduler"))
+                     on_timeout=lambda: fleet.stacks("scheduler", "scheduler-2"))
     name = "scheduler" if owner == _scheduler_ids(fleet)[0] else "scheduler-2"  # "scheduler" started first
     kill_scheduler(fleet, name)
     # Airflow adopts the dead scheduler's task instances once it has been silent for
     # scheduler_health_check_threshold (40 s here); then a fresh scheduler takes its place.
     wait_for(lambda: fleet.events("adopted"), "the survivor to adopt the dead scheduler's tasks", timeout=240,
-             interval=2, on_timeout=lambda: fleet.tail("scheduler" if name == "scheduler-2" else "scheduler-2"))
+             interval=2, on_timeout=lambda: fleet.stacks("scheduler" if name == "scheduler-2" else "scheduler-2", "api-server"))
     fleet.start_process(name, "scheduler")
     at(0.35)
     # Airflow's scheduler and dag-processor exit when the database stays away longer than their
