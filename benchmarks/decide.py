@@ -1,6 +1,6 @@
 """Time one decision cycle at 1,000 and 10,000 pending jobs (2,000 running, 20 quotas).
 
-    python benchmarks/decide.py [--repeat N] [--seed S] [--gpus-per-host G [--gangs F]] [--cohorts]
+    python benchmarks/decide.py [--repeat N] [--seed S] [--gpus-per-host G [--gangs F]] [--cohorts] [--types T]
 
 Prints the best-of-N time per size, the ratio between them, and the peak memory (tracemalloc) of one
 cycle. Goal (issue 2): at most 50 ms at 10,000 pending on a 2-core machine, ratio at most 15. With
@@ -9,7 +9,10 @@ with room for it), and the policy places jobs on them (issue 10). With ``--cohor
 are grouped in a two-level tree: two divisions of two departments of five quotas each (issue 14).
 With ``--gangs F`` (and hosts), a fraction F of the waiting jobs are gangs of 2-4 nodes of 4 or G GPUs
 (the others unchanged), and the same queues are timed without them: goal (issue 32) at most 1.5
-times the time without gangs at F = 0.1.
+times the time without gangs at F = 0.1. With ``--types T``, the same queue's capacity, every quota's and
+the hosts are split evenly between T GPU types (issue 33): a running job runs on its host's type (or,
+without hosts, the first with room), a third of the waiting jobs ask for one type, a third for two in
+some order, a third for none; the same queues are timed untyped: goal at most 1.3 times at T = 3.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import tracemalloc
 from dataclasses import replace
 
 from airflow_quota_provider.policy import Cohort, Host, Job, PreemptionPolicy, Quota, State, decide
+from airflow_quota_provider.policy.types import GpuType
 
 SHARING = ("lend_and_borrow", "lend_and_borrow", "lend", "reserve")
 WITHIN = ("lower_priority", "lower_or_newer_equal_priority", "never")
@@ -101,6 +105,42 @@ def make_state(
     return State(capacity=capacity, quotas=quota_list, running=tuple(running), pending=tuple(pending), hosts=hosts_tuple), now
 
 
+def with_types(state: State, count: int) -> State:
+    """``state`` split between ``count`` GPU types (see the module's docstring)."""
+    names = [f"t{k}" for k in range(count)]
+
+    def split(total: int) -> list[int]:
+        return [total // count + (total % count if k == 0 else 0) for k in range(count)]
+
+    shares = {q.name: split(q.capacity) for q in state.quotas}
+    types = tuple(
+        GpuType(name, split(state.capacity)[k], tuple(
+            replace(q, capacity=shares[q.name][k], borrow_limit=None if q.borrow_limit is None else q.borrow_limit // count)
+            for q in state.quotas
+        ))
+        for k, name in enumerate(names)
+    )
+    hosts = None
+    if state.hosts is not None:
+        hosts = tuple(replace(h, type=names[i * count // len(state.hosts)]) for i, h in enumerate(state.hosts))
+    host_type = {h.name: h.type for h in hosts or ()}
+    room = {t.name: t.capacity for t in types}
+    running = []
+    for i, job in enumerate(state.running):
+        name = host_type.get(job.host) or next((n for n in names[i % count:] + names if room[n] >= job.gpus), None)
+        if name is None or room[name] < job.gpus:
+            continue
+        room[name] -= job.gpus
+        running.append(replace(job, gpu_type=name))
+    draw = random.Random(7)
+    pending = []
+    for job in state.pending:
+        kind = draw.randrange(3)
+        asked = () if kind == 0 else tuple(draw.sample(names, min(kind, count)))
+        pending.append(replace(job, gpu_types=asked))
+    return replace(state, running=tuple(running), pending=tuple(pending), hosts=hosts, types=types)
+
+
 def in_cohorts(state: State) -> State:
     """``state`` with its quotas in two divisions (d0, d1) of two departments each, five quotas to a
     department, taken in order; the divisions own nothing, the departments lend everything."""
@@ -126,7 +166,10 @@ def main() -> None:
     parser.add_argument("--gpus-per-host", type=int, default=None, help="spread the queue over hosts of this size")
     parser.add_argument("--cohorts", action="store_true", help="group the quotas in a two-level tree of cohorts")
     parser.add_argument("--gangs", type=float, default=0.0, help="fraction of waiting jobs that are gangs (with hosts)")
+    parser.add_argument("--types", type=int, default=0, help="split the queue between this many GPU types (1 to 5)")
     args = parser.parse_args()
+    if args.types and not 1 <= args.types <= 5:
+        parser.error(f"--types: {args.types} is not from 1 to 5")
     if args.gangs and args.gpus_per_host is None:
         parser.error("--gangs: needs --gpus-per-host (a gang spans hosts)")
     if not 0 <= args.gangs <= 1:
@@ -138,7 +181,12 @@ def main() -> None:
         state, now = make_state(pending, seed=args.seed, gpus_per_host=args.gpus_per_host, gangs=args.gangs)
         if args.cohorts:
             state = in_cohorts(state)
+        untyped = state
+        if args.types:
+            state = with_types(state, args.types)
         seconds, decision = best_time(state, now, args.repeat)
+        if args.types:
+            untyped_s, _ = best_time(untyped, now, args.repeat)
         if args.gangs:
             plain, _ = make_state(pending, seed=args.seed, gpus_per_host=args.gpus_per_host)
             without, _ = best_time(in_cohorts(plain) if args.cohorts else plain, now, args.repeat)
@@ -157,6 +205,9 @@ def main() -> None:
         )
         if args.gangs:
             print(f"  without gangs {without * 1000:7.2f} ms: ratio {seconds / without:.2f} (goal <= 1.5)")
+        if args.types:
+            print(f"  {args.types} GPU types ({len(state.running)} of the running jobs fit them); untyped {untyped_s * 1000:7.2f} ms: "
+                  f"ratio {seconds / untyped_s:.2f} (goal <= 1.3)")
     print(f"ratio 10,000 / 1,000 pending: {results[10_000] / results[1_000]:.2f}")
 
 

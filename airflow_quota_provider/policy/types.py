@@ -15,6 +15,7 @@ job's reason names the type it waits on.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.capacity import CohortTree, TreeUsage, Usage, ever_fits
 from airflow_quota_provider.policy.decision import Decision, Rejection
 from airflow_quota_provider.policy.errors import PolicyError
+from airflow_quota_provider.policy.ordering import queue_order
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -69,10 +71,14 @@ class GpuType:
     cohorts: tuple[Cohort, ...] = ()
 
     def quota(self, name: str) -> Quota:
-        for quota in self.quotas:
-            if quota.name == name:
-                return quota
-        raise PolicyError("quota", f"{name!r} is not one of {', '.join(q.name for q in self.quotas)}")
+        quota = self._by_name.get(name)
+        if quota is None:
+            raise PolicyError("quota", f"{name!r} is not one of {', '.join(q.name for q in self.quotas)}")
+        return quota
+
+    @cached_property
+    def _by_name(self) -> dict[str, Quota]:
+        return {quota.name: quota for quota in self.quotas}
 
 
 # ------------------------------------------------------------------------------------ quota file
@@ -186,14 +192,16 @@ def assign_types(state: State, now: float) -> tuple[dict[str, list[Job]], list[R
             hosts[host.type].append(host.gpus)
     for sizes in hosts.values():
         sizes.sort(reverse=True)
-    for job in state.pending:
+    pending = state.pending
+    for job in pending.in_queue_order() if isinstance(pending, Backlog) else sorted(pending, key=queue_order):
         if job.id in held:
             assigned[held[job.id]].append(job)
             continue
-        why = check_job_types(job, order)
-        if why is not None:
-            rejected.append(Rejection(job.id, why))
-            continue
+        if job.gpu_types:
+            why = check_job_types(job, order)
+            if why is not None:
+                rejected.append(Rejection(job.id, why))
+                continue
         choice, best = None, None
         for name in job.gpu_types or order:
             gpu_type = types.get(name)
@@ -273,5 +281,7 @@ def decide_types(state: State, now: float, explain: bool, decide_one: Callable[[
         out.types.update(dict.fromkeys(decision.admit, name))
         out.preempt += decision.preempt
         out.reject += [replace(r, reason=f"{name}: {r.reason}") for r in decision.reject]
-        out.pending += [replace(p, reason=f"{name}: {p.reason}") for p in decision.pending]
+        for pending in decision.pending:
+            pending.reason = f"{name}: {pending.reason}"
+        out.pending += decision.pending
     return out
