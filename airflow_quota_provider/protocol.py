@@ -20,6 +20,8 @@ host) and the task runtime (operator, ``@task.quota``) all read it.
    - ``QUOTA_PREEMPTION_COUNT`` (executor): times this task instance was preempted so far.
    - ``QUOTA_GRACE_PERIOD_S`` (executor): seconds between the notice and the deadline: the task's
      ``grace_period``, else its quota's.
+   - ``QUOTA_GPU_TYPE`` (executor): the GPU type the job runs on in a job queue with GPU types;
+     empty in an untyped one.
    - ``QUOTA_PREEMPT_FILE`` (launcher): where the preemption notice appears; it does not exist
      while the task may run.
    - ``QUOTA_CHECKPOINT_DIR`` (operator, decorator): the directory this run writes its checkpoints
@@ -67,8 +69,9 @@ import contextlib
 import json
 import math
 import os
+import re
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -86,6 +89,7 @@ ENV_HOST = "QUOTA_HOST"
 ENV_QUOTA_NAME = "QUOTA_NAME"
 ENV_PREEMPTION_COUNT = "QUOTA_PREEMPTION_COUNT"
 ENV_GRACE_PERIOD_S = "QUOTA_GRACE_PERIOD_S"
+ENV_GPU_TYPE = "QUOTA_GPU_TYPE"
 ENV_PREEMPT_FILE = "QUOTA_PREEMPT_FILE"
 ENV_CHECKPOINT_DIR = "QUOTA_CHECKPOINT_DIR"
 ENV_RESUME_FROM = "QUOTA_RESUME_FROM"
@@ -140,6 +144,8 @@ _INTEGER_FIELDS: dict[str, tuple[int, int]] = {
 }
 #: The longest quota name: the quota file's, and the job table's column.
 _QUOTA_NAME_MAX = 128
+#: The longest GPU type name: the quota file's, and the host and job tables' column.
+_GPU_TYPE_MAX = 64
 
 
 class QuotaTaskConfigError(ValueError):
@@ -177,6 +183,9 @@ class QuotaTaskConfig:
     nodes: int | None = None
     """Hosts the job spans; None: 1."""
     priority: int | None = None
+    gpu_type: tuple[str, ...] = ()
+    """The GPU types the task accepts, in its order of preference; empty: any (a typed job queue
+    gives it the first of its types with room)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON the operators store; the optional fields only when set, so that a DAG's
@@ -189,6 +198,8 @@ class QuotaTaskConfig:
         for name in ("expected_runtime_s", "quota", "gpus", "nodes", "priority"):
             if (value := getattr(self, name)) is not None:
                 data[name] = value
+        if self.gpu_type:  # one type as the string it was given, several as a list
+            data["gpu_type"] = self.gpu_type[0] if len(self.gpu_type) == 1 else list(self.gpu_type)
         return data
 
     @classmethod
@@ -203,8 +214,8 @@ class QuotaTaskConfig:
         naming the field: ``gpus`` from 1 (per host), ``nodes`` from 1 to :data:`MAX_NODES`,
         ``priority`` and ``max_preemptions`` from 0, each within the job table's integers, and
         ``grace_period_s`` a finite number of seconds > 0; so does a ``quota`` name longer than the
-        job table's 128 characters, and a ``preemptible`` other than true or false (``"false"`` is
-        false). A number may be written as a string (``"2"`` is 2) and an integer as a whole float
+        job table's 128 characters, a ``gpu_type`` other than a GPU type name or a non-empty list of
+        them, and a ``preemptible`` other than true or false (``"false"`` is false). A number may be written as a string (``"2"`` is 2) and an integer as a whole float
         (``2.0``); a bool is not a number."""
         extras = executor_config.get(EXECUTOR_CONFIG_KEY) if isinstance(executor_config, Mapping) else None
         if not isinstance(extras, Mapping):
@@ -218,6 +229,7 @@ class QuotaTaskConfig:
             grace_period_s=None if grace is None else _seconds("grace_period_s", grace),
             expected_runtime_s=positive_number(extras.get("expected_runtime_s")),
             quota=_quota(extras.get("quota")),
+            gpu_type=gpu_types("gpu_type", extras.get("gpu_type"), QuotaTaskConfigError),
             **integers,
         )
 
@@ -241,6 +253,27 @@ def _quota(value: Any) -> str | None:
     if len(name) > _QUOTA_NAME_MAX:
         raise QuotaTaskConfigError("quota", value, f"a quota name of at most {_QUOTA_NAME_MAX} characters")
     return name
+
+
+_GPU_TYPE = re.compile(rf"\A[A-Za-z0-9._-]{{1,{_GPU_TYPE_MAX}}}\Z")
+"""A GPU type's name, as the quota file allows it."""
+
+
+def gpu_types(name: str, value: Any, error: Callable[[str, Any, str], Exception]) -> tuple[str, ...]:
+    """``value`` of the GPU type field ``name``: None (any type), a type name, or a non-empty list of
+    distinct names in order of preference; else ``error(name, value, allowed)`` is raised. Whether
+    the job queue has those types is the executor's to say, naming its types."""
+    if value is None:
+        return ()
+    names = [value] if isinstance(value, str) else value
+    if (
+        isinstance(names, list | tuple) and names and len(set(names)) == len(names)
+        and all(isinstance(n, str) and _GPU_TYPE.match(n) for n in names)
+    ):
+        return tuple(names)
+    raise error(
+        name, value, f"a GPU type name (letters, digits, '.', '-', '_', at most {_GPU_TYPE_MAX}) or a non-empty list of distinct ones"
+    )
 
 
 def _integer(name: str, value: Any) -> int:
@@ -293,6 +326,8 @@ class TaskEnvironment:
     preemption_count: int = 0
     grace_period_s: float | None = None
     """None: not set, or not a number > 0."""
+    gpu_type: str | None = None
+    """The GPU type the job runs on; None in an untyped job queue."""
     preempt_file: Path | None = None
 
     def to_env(self) -> dict[str, str]:
@@ -302,6 +337,7 @@ class TaskEnvironment:
             ENV_HOST: self.host or "",
             ENV_PREEMPTION_COUNT: str(self.preemption_count),
             ENV_QUOTA_NAME: self.quota or "",
+            ENV_GPU_TYPE: self.gpu_type or "",
         }
         if self.grace_period_s is not None:
             env[ENV_GRACE_PERIOD_S] = str(float(self.grace_period_s))
@@ -324,6 +360,7 @@ class TaskEnvironment:
             quota=environ.get(ENV_QUOTA_NAME) or None,
             preemption_count=int(count) if count.isdigit() else 0,
             grace_period_s=grace,
+            gpu_type=environ.get(ENV_GPU_TYPE) or None,
             preempt_file=Path(environ[ENV_PREEMPT_FILE]) if environ.get(ENV_PREEMPT_FILE) else None,
         )
 

@@ -38,6 +38,8 @@ from airflow_quota_provider.protocol import (
             QuotaTaskConfig(quota="team-a", gpus=2, priority=50), id="hand-written quota, gpus and priority survive"
         ),
         pytest.param(QuotaTaskConfig(gpus=8, nodes=4), id="a gang's gpus per host and nodes survive"),
+        pytest.param(QuotaTaskConfig(gpu_type=("h100",)), id="one GPU type survives"),
+        pytest.param(QuotaTaskConfig(gpu_type=("h100", "a100")), id="GPU types in order of preference survive"),
     ],
 )
 def test_task_config_round_trip(config):
@@ -50,6 +52,12 @@ def test_task_config_writes_optional_fields_only_when_set():
         "max_preemptions": None,
         "grace_period_s": 30.0,
     }
+
+
+def test_a_gpu_type_is_written_as_given_one_as_a_string_several_as_a_list():
+    assert QuotaTaskConfig(gpu_type=("l4",)).to_dict()["gpu_type"] == "l4"
+    assert QuotaTaskConfig(gpu_type=("h100", "a100")).to_dict()["gpu_type"] == ["h100", "a100"]
+    assert QuotaTaskConfig.from_executor_config({EXECUTOR_CONFIG_KEY: {"gpu_type": "l4"}}).gpu_type == ("l4",)
 
 
 @pytest.mark.parametrize(
@@ -132,6 +140,17 @@ SECONDS = "a finite number of seconds > 0"
         pytest.param("grace_period_s", "soon", f"'soon' is not {SECONDS}", id="grace period in words"),
         pytest.param("preemptible", "no", "'no' is not true or false", id="preemptible in other words"),
         pytest.param("preemptible", 0, "0 is not true or false", id="a number is no yes or no"),
+        *(
+            pytest.param(
+                "gpu_type", value,
+                f"{value!r} is not a GPU type name (letters, digits, '.', '-', '_', at most 64) or a non-empty list of distinct ones",
+                id=f"gpu_type {why}",
+            )
+            for value, why in (
+                ([], "an empty list"), ("", "empty"), (["h100", "h100"], "a type twice"), (8, "a number"),
+                (["h100", 8], "a number in the list"), ("h100 sxm", "with a space"), ({"h100": 1}, "a mapping"),
+            )
+        ),
         pytest.param(
             "quota", "q" * 129, "'qqqqqqqqqqqq...qqqqqqqqqqqqq' is not a quota name of at most 128 characters",
             id="a quota name longer than the job table's",
@@ -160,9 +179,11 @@ def test_environment_round_trip(tmp_path):
         quota="team-a",
         preemption_count=2,
         grace_period_s=45.0,
+        gpu_type="h100",
         preempt_file=tmp_path / "preempt.json",
     )
     assert TaskEnvironment.read(env.to_env()) == env
+    assert env.to_env()["QUOTA_GPU_TYPE"] == "h100"
 
 
 @pytest.mark.parametrize(
@@ -173,6 +194,7 @@ def test_environment_round_trip(tmp_path):
         pytest.param({"QUOTA_GRACE_PERIOD_S": "-1"}, TaskEnvironment(), id="grace period not > 0: unset"),
         pytest.param({"QUOTA_PREEMPTION_COUNT": "x"}, TaskEnvironment(), id="preemption count not a number: 0"),
         pytest.param({"QUOTA_PREEMPT_FILE": ""}, TaskEnvironment(), id="empty preempt file: none"),
+        pytest.param({"QUOTA_GPU_TYPE": ""}, TaskEnvironment(), id="empty GPU type: an untyped job queue"),
     ],
 )
 def test_environment_read_tolerates_junk(environ, expected):

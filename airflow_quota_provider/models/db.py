@@ -13,7 +13,7 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _REVISION_HEADS_MAP: dict[str, str] = {
     "0.1.0": "0001_quota",
-    "0.2.0": "0010_gangs",
+    "0.2.0": "0011_gpu_types",
 }
 """Provider release -> Alembic head at that release."""
 

@@ -68,6 +68,9 @@ class QuotaHost(QuotaBase):
     """The Celery worker's node name (``celery@HOST``), the destination of remote-control commands."""
     address: Mapped[str | None] = mapped_column(String(255))
     """Where the host's peers reach it (a gang's ``MASTER_ADDR`` when it runs node 0); None: its name."""
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    """Its GPUs' type (a host holds one), from ``nvidia-smi`` or ``--gpu-type``; a typed job queue's
+    policy counts the host for that type only. None: untyped."""
     state: Mapped[str] = mapped_column(String(20), nullable=False, default=HostState.ACTIVE.value)
     registered_at: Mapped[float] = mapped_column(Float, nullable=False)
     heartbeat_at: Mapped[float] = mapped_column(Float, nullable=False)
@@ -86,6 +89,7 @@ class QuotaHost(QuotaBase):
             "name": self.name,
             "queues": self.queue_list,
             "devices": self.device_list,
+            "gpu_type": self.gpu_type,
             "state": self.state,
             "heartbeat_at": self.heartbeat_at,
             "lost_at": self.lost_at,
@@ -119,7 +123,7 @@ class QuotaLaunch(QuotaBase):
 
 def register_host(
     name: str, *, queues: Sequence[str], devices: Sequence[str], celery_name: str | None, address: str | None = None,
-    session: Session,
+    gpu_type: str | None = None, session: Session,
 ) -> QuotaHost:
     """Add the host or update what it serves; it is active from now on. Its worker calls this only
     once no launch of an earlier run of it is left on the machine."""
@@ -129,11 +133,11 @@ def register_host(
         host = QuotaHost(name=name, registered_at=now)
         session.add(host)
     host.queues, host.devices, host.celery_name = ",".join(queues), ",".join(devices), celery_name
-    host.address = address
+    host.address, host.gpu_type = address, gpu_type
     host.state, host.heartbeat_at, host.lost_at = HostState.ACTIVE.value, now, None
     record_event(
         EventKind.HOST_JOINED, session=session, host=name, devices=host.devices,
-        message=f"serves {host.queues} with {len(devices)} GPUs",
+        message=f"serves {host.queues} with {len(devices)} GPUs" + (f" of type {gpu_type}" if gpu_type else ""),
     )
     session.flush()
     return host

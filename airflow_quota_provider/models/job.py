@@ -152,6 +152,10 @@ class QuotaJob(QuotaBase):
     """GPUs in all (a gang's: per node times ``nodes``), what the job counts against its quota."""
     nodes: Mapped[int] = mapped_column(Integer, nullable=False, default=1, server_default="1")
     """Hosts the job spans; above 1 it is a gang (:mod:`..executors.gangs`)."""
+    gpu_types: Mapped[str | None] = mapped_column(Text)
+    """The GPU types the job accepts, in its order of preference, as a JSON list; None: any."""
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    """The GPU type the job runs on while it holds devices (a typed job queue's); None otherwise."""
     priority: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     preemptible: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
     max_preemptions: Mapped[int | None] = mapped_column(Integer)
@@ -208,6 +212,8 @@ class QuotaJob(QuotaBase):
             "queue": self.queue_name,
             "gpus": self.gpus,
             "nodes": self.nodes,
+            "gpu_types": gpu_types_of(self.gpu_types),
+            "gpu_type": self.gpu_type,
             "host": self.host,
             "hosts": gang_hosts(self.gang) if self.nodes > 1 else ([self.host] if self.host else []),
             "priority": self.priority,
@@ -304,6 +310,8 @@ class ActiveJob(NamedTuple):
     gang: str | None
     expected_runtime_s: float | None
     grace_period_s: float | None
+    gpu_types: str | None
+    gpu_type: str | None
     queued: bool
     """Whether Airflow has queued the job's task (a revoked or preempted one keeps its place without)."""
     pending_reason: str | None
@@ -355,7 +363,14 @@ def policy_job(
         host=job.host if placed and holding else None,
         nodes=job.nodes,
         hosts=gang_hosts(job.gang) if placed and holding and job.nodes > 1 else (),
+        gpu_types=gpu_types_of(job.gpu_types),
+        gpu_type=job.gpu_type if holding else None,
     )
+
+
+def gpu_types_of(column: str | None) -> tuple[str, ...]:
+    """``quota_job.gpu_types`` as the types in the job's order of preference (empty: any)."""
+    return tuple(json.loads(column)) if column else ()
 
 
 class JobNotFound(LookupError):

@@ -9,6 +9,7 @@ settled it; task instance states stay with the executor.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from airflow_quota_provider.models.job import (
@@ -55,6 +56,12 @@ def _clear_pending(job: QuotaJob) -> None:
     job.pending_reason = job.pending_position = job.estimated_start_at = None
 
 
+def _forget_placement(job: QuotaJob) -> None:
+    """The job no longer holds devices: its gang's nodes and the GPU type it ran on go."""
+    forget_nodes(job)
+    job.gpu_type = None
+
+
 def _clear_stop(job: QuotaJob) -> None:
     job.preempted_for = job.preempt_deadline = job.forced_at = None
 
@@ -72,6 +79,7 @@ def submit(
     priority: int,
     preemptible: bool,
     nodes: int = 1,
+    gpu_types: Sequence[str] = (),
     max_preemptions: int | None,
     grace_period_s: float | None,
     expected_runtime_s: float | None,
@@ -82,7 +90,8 @@ def submit(
     ``workload``. A known job keeps its place (``submitted_at``) and its priority (a person may have
     changed it), unless it had ended: its task is queued again on the same try (a sensor's
     reschedule). A stopping one stays stopping until its process is gone (its task was queued again
-    before that), and a running one is refused: it holds devices under its launch."""
+    before that), and a running one is refused: it holds devices under its launch. ``gpu_types``:
+    the GPU types it accepts, in its order of preference (empty: any)."""
     if job.state is None:  # not yet in the table
         session.add(job)
     else:
@@ -92,6 +101,7 @@ def submit(
     if job.state != JobState.STOPPING.value:
         job.state = JobState.PENDING.value
     job.ti_id, job.quota, job.gpus, job.nodes, job.preemptible = ti_id, quota, gpus, nodes, preemptible
+    job.gpu_types = json.dumps(list(gpu_types)) if gpu_types else None
     job.max_preemptions, job.grace_period_s, job.expected_runtime_s = max_preemptions, grace_period_s, expected_runtime_s
     job.workload = workload
     job.report = None  # queued again: Airflow has moved past the try that ended
@@ -102,20 +112,23 @@ def submit(
 
 def admit(
     job: QuotaJob, *, host: str, devices: Sequence[str], now: float, by: str | None = None,
-    gang: GangState | None = None, session: Session,
+    gang: GangState | None = None, gpu_type: str | None = None, session: Session,
 ) -> None:
     """pending -> running on ``devices`` of ``host`` (recorded before any process exists); ``by``:
-    which scheduler decided it. A gang's nodes (``gang``, node 0's being ``host`` and ``devices``)
-    are all allocated at once, one ``admitted`` event per node."""
+    which scheduler decided it; ``gpu_type``: the GPU type the policy chose (a typed job queue's).
+    A gang's nodes (``gang``, node 0's being ``host`` and ``devices``) are all allocated at once,
+    one ``admitted`` event per node."""
     _require(job, "admit", JobState.PENDING)
     nodes = [(n.host, n.devices) for n in gang.nodes] if gang else [(host, devices)]
     for rank, (node_host, node_devices) in enumerate(nodes):
         allocate_devices(job, node_host, node_devices, session=session)
-        message = by if gang is None else "; ".join(filter(None, [by, f"node {rank} of {len(nodes)}"]))
+        node = f"node {rank} of {len(nodes)}" if gang is not None else None
+        message = "; ".join(filter(None, [by, node, gpu_type and f"GPU type {gpu_type}"])) or None
         record_event(EventKind.ADMITTED, job=job, session=session, host=node_host, devices=",".join(node_devices), message=message)
     if gang is not None:
         gang.save(job)
     job.state, job.started_at, job.host, job.handle = JobState.RUNNING.value, now, host, None
+    job.gpu_type = gpu_type
     _clear_pending(job)
 
 
@@ -135,7 +148,7 @@ def launch_failed(job: QuotaJob, message: str, *, session: Session) -> None:
     """running -> pending: the launch failed before a process existed; the devices are freed."""
     _require(job, "undo the launch of", JobState.RUNNING)
     release_devices(job, session=session)
-    forget_nodes(job)
+    _forget_placement(job)
     job.state, job.started_at, job.handle = JobState.PENDING.value, None, None
     job.pending_reason = f"launch failed: {message}"
 
@@ -192,7 +205,7 @@ def settle_stopped(job: QuotaJob, *, requeued: bool, checkpoint_at: float | None
     """
     _require(job, "settle the stop of", JobState.STOPPING)
     release_devices(job, session=session)
-    forget_nodes(job)
+    _forget_placement(job)
     count = count_preemption(job, session=session)
     record_event(
         EventKind.STOPPED, job=job, session=session, victim=job.job_id, preemptor=job.preempted_for,
@@ -207,7 +220,7 @@ def evict(job: QuotaJob, *, requeued: bool, why: str, session: Session) -> None:
     """running or stopping -> pending / preempted: its host was lost. Not counted as a preemption."""
     _require(job, "evict", *_HOLDING)
     release_devices(job, session=session)
-    forget_nodes(job)
+    _forget_placement(job)
     record_event(EventKind.EVICTED, job=job, session=session, host=job.host, message=f"{why}; waits at its original place")
     _back_in_line(job, requeued, f"evicted ({why}); waiting to be queued again")
 
@@ -227,7 +240,7 @@ def finish(job: QuotaJob, message: str, *, killed: bool = False, now: float, ses
     or was ``killed`` without a word (the task fails)."""
     _require(job, "finish", *_HOLDING)
     release_devices(job, session=session)
-    forget_nodes(job)
+    _forget_placement(job)
     job.state, job.finished_at, job.message, job.handle = JobState.FINISHED.value, now, message, None
     job.report = (Report.FAILED if killed else Report.SUCCESS).value
     record_event(EventKind.FINISHED, job=job, session=session, host=job.host, message=message)
@@ -237,7 +250,7 @@ def fail_at_limit(job: QuotaJob, *, now: float, session: Session) -> None:
     """stopping -> failed: the preemption that stopped it was past its ``max_preemptions``."""
     _require(job, "fail", JobState.STOPPING)
     release_devices(job, session=session)
-    forget_nodes(job)
+    _forget_placement(job)
     job.state, job.finished_at, job.message, job.handle = JobState.FAILED.value, now, job.preempt_fail_message, None
     job.report = Report.RELEASED.value  # the task instance was failed with the message
 
@@ -247,6 +260,6 @@ def revoke(job: QuotaJob, *, session: Session) -> None:
     (``task_queued_timeout``); the job keeps its place and gets the next workload."""
     _require(job, "revoke", *JobState.active())
     release_devices(job, session=session)
-    forget_nodes(job)
+    _forget_placement(job)
     job.state, job.workload, job.handle = JobState.PENDING.value, None, None
     record_event(EventKind.REVOKED, job=job, session=session, message="task_queued_timeout; place kept")
