@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 MAX_QUOTA_SHARES_PER_QUEUE = 20
 """AWS Batch's documented limit of quota shares per job queue (not in the service model)."""
+MAX_CAPACITY_LIMITS_PER_SHARE = 5
+"""AWS Batch's limit of capacity limits (instance types) per quota share (the model's ``capacityLimits``)."""
 
 MANAGED_TAG = "airflow-quota-provider:managed"
 
@@ -107,9 +109,12 @@ def quota_share_specs(queue: Queue, *, path: str = "queue") -> list[QuotaShareSp
     """Map one quota-file queue onto AWS Batch quota shares, refusing what AWS cannot express.
 
     * ``capacity`` is counted in the queue's ``capacity_unit`` (an instance type such as
-      ``ml.p4d.24xlarge``), AWS's ``maxCapacity``; the unit is required for this backend.
+      ``ml.p4d.24xlarge``), AWS's ``maxCapacity``; the unit is required for this backend. A queue
+      with GPU types gives each share one capacity limit per type (at most
+      :data:`MAX_CAPACITY_LIMITS_PER_SHARE`), counted in the instance type that the queue's
+      ``instance_types`` maps the type to (see :func:`type_capacity_limits`).
     * ``sharing`` -> ``resourceSharingConfiguration.strategy``; ``borrow_limit`` -> ``borrowLimit``
-      (a whole percentage of the capacity, -1 when null).
+      (a whole percentage of the capacity, -1 when null; one percentage for every type).
     * ``preemption.within_quota`` -> ``inSharePreemption`` (``never`` DISABLED, ``lower_priority``
       ENABLED). AWS always reclaims lent capacity whatever the borrower's priority, which is our
       ``reclaim: any``; ``lend_limit``, ``borrow_within`` and ``lower_or_newer_equal_priority`` have no
@@ -129,15 +134,96 @@ def quota_share_specs(queue: Queue, *, path: str = "queue") -> list[QuotaShareSp
             f"{path}.quotas",
             f"{len(quotas)} quotas; an AWS Batch job queue holds at most {MAX_QUOTA_SHARES_PER_QUEUE} quota shares",
         )
+    if queue.types:
+        return type_capacity_limits(queue, path=path)
     if not queue.capacity_unit:
         raise PolicyError(
             f"{path}.capacity_unit",
             "required for the aws-batch backend: the instance type that capacities count, such as ml.p4d.24xlarge",
         )
-    return [_quota_share_spec(quota, queue.capacity_unit, f"{path}.quotas[{i}]") for i, quota in enumerate(quotas)]
+    specs = []
+    for i, quota in enumerate(quotas):
+        quota_path = f"{path}.quotas[{i}]"
+        borrow = None
+        if quota.sharing == "lend_and_borrow":
+            borrow = borrow_limit_percent(quota.borrow_limit, quota.capacity, f"{quota_path}.borrow_limit")
+        specs.append(_quota_share_spec(quota, ((queue.capacity_unit, quota.capacity),), borrow, quota_path))
+    return specs
 
 
-def _quota_share_spec(quota: Quota, unit: str, path: str) -> QuotaShareSpec:
+def type_capacity_limits(queue: Queue, *, path: str = "queue") -> list[QuotaShareSpec]:
+    """The quota shares of a queue with GPU types: every share has one capacity limit per type of the
+    queue (0 where the quota has none of it, so that it may still borrow that type), in the instance
+    type ``instance_types`` maps it to, and one ``borrowLimit`` for all of them (:func:`_type_borrow_limit`)."""
+    # Parsed by the policy's Queue once it carries ``instance_types`` ({GPU type: instance type}).
+    instance_types = getattr(queue, "instance_types", None) or {}
+    names = [gpu_type.name for gpu_type in queue.types]
+    if len(names) > MAX_CAPACITY_LIMITS_PER_SHARE:
+        raise PolicyError(
+            f"{path}.capacity",
+            f"{len(names)} GPU types ({', '.join(names)}); an AWS Batch quota share holds at most "
+            f"{MAX_CAPACITY_LIMITS_PER_SHARE} capacity limits, one per instance type",
+        )
+    missing = [name for name in names if not instance_types.get(name)]
+    if missing:
+        raise PolicyError(
+            f"{path}.instance_types",
+            f"no instance type for GPU type(s) {', '.join(missing)}: the aws-batch backend counts each GPU type "
+            "in an instance type, such as {h100: ml.p5.48xlarge, a100: ml.p4d.24xlarge}",
+        )
+    units = [instance_types[name] for name in names]
+    shared = sorted({unit for unit in units if units.count(unit) > 1})
+    if shared:
+        raise PolicyError(
+            f"{path}.instance_types",
+            f"{', '.join(shared)} is given to several GPU types; a quota share has one capacity limit per instance type",
+        )
+    specs = []
+    for i, quota in enumerate(queue.quotas):
+        quota_path = f"{path}.quotas[{i}]"
+        per_type = [gpu_type.quota(quota.name) for gpu_type in queue.types]
+        borrow = None
+        if quota.sharing == "lend_and_borrow":
+            borrow = _type_borrow_limit(quota, dict(zip(names, per_type, strict=True)), f"{quota_path}.borrow_limit")
+        limits = tuple((unit, typed.capacity) for unit, typed in zip(units, per_type, strict=True))
+        specs.append(_quota_share_spec(quota, limits, borrow, quota_path))
+    return specs
+
+
+def _type_borrow_limit(quota: Quota, per_type: dict[str, Quota], path: str) -> int:
+    """One ``borrowLimit`` for every capacity limit of a share, as AWS applies it to each.
+
+    A percentage in the file (``borrow_limit: "50%"``) is AWS's own; a mapping must come to the same
+    whole percentage of every type's capacity (a type of capacity 0 that may borrow 0 fits any) or is
+    refused, naming the types that differ.
+    """
+    # Kept by the policy's Quota once it carries the file's percentage; else read from each type's limit.
+    percent = getattr(quota, "borrow_limit_percent", None)
+    if percent is not None:
+        if percent != int(percent):
+            raise PolicyError(path, f"{percent:g}%: AWS Batch's borrowLimit is a whole percentage")
+        return int(percent)
+    percents = {
+        name: borrow_limit_percent(typed.borrow_limit, typed.capacity, f"{path}.{name}")
+        for name, typed in per_type.items()
+        if not (typed.capacity == 0 and typed.borrow_limit == 0)
+    }
+    distinct = set(percents.values())
+    if len(distinct) > 1:
+        shown = ", ".join(
+            f"{name} {'unlimited' if value == UNLIMITED_BORROW else f'{value}%'}" for name, value in percents.items()
+        )
+        raise PolicyError(
+            path,
+            f"AWS Batch applies one borrowLimit percentage to every instance type of a share, but the types differ "
+            f"({shown}); give the same percentage of each type's capacity, such as \"50%\"",
+        )
+    return distinct.pop() if distinct else 0
+
+
+def _quota_share_spec(
+    quota: Quota, capacity_limits: tuple[tuple[str, int], ...], borrow: int | None, path: str
+) -> QuotaShareSpec:
     if quota.sharing not in _STRATEGY:
         raise PolicyError(f"{path}.sharing", f"{str(quota.sharing)!r} is not one of {', '.join(_STRATEGY)}")
     if quota.lend_limit is not None:
@@ -160,12 +246,9 @@ def _quota_share_spec(quota: Quota, unit: str, path: str) -> QuotaShareSpec:
         raise PolicyError(
             f"{path}.preemption.borrow_within", "AWS Batch has no borrow-within preemption; remove it (null)"
         )
-    borrow = None
-    if quota.sharing == "lend_and_borrow":
-        borrow = borrow_limit_percent(quota.borrow_limit, quota.capacity, f"{path}.borrow_limit")
     return QuotaShareSpec(
         name=quota.name,
-        capacity_limits=((unit, quota.capacity),),
+        capacity_limits=capacity_limits,
         strategy=_STRATEGY[quota.sharing],
         borrow_limit=borrow,
         in_share_preemption=_IN_SHARE_PREEMPTION[policy.within_quota],
@@ -240,7 +323,7 @@ class QuotaSharePlan:
 def _diff(want: QuotaShareSpec, have: QuotaShareSpec, state: str) -> tuple[dict[str, Any], list[str]]:
     request: dict[str, Any] = {}
     changes: list[str] = []
-    if want.capacity_limits != have.capacity_limits:
+    if sorted(want.capacity_limits) != sorted(have.capacity_limits):  # AWS lists them in its own order
         request["capacityLimits"] = want.capacity_limits_api()
         changes.append(f"capacity {_fmt_limits(have)} -> {_fmt_limits(want)}")
     if (want.strategy, want.borrow_limit) != (have.strategy, have.borrow_limit):
