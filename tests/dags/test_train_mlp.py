@@ -93,10 +93,12 @@ def test_both_ranks_stop_after_the_same_step_on_sigterm_and_resume_to_an_uninter
     nodes = stopped.start_nodes("--step-sleep", "0.2")
     wait_for(lambda: stopped.events("checkpoint") or any(n.poll() is not None for n in nodes),
              "rank 0's first interval checkpoint", interval=0.1)  # fmt: skip
-    for node in nodes:  # as the operator's SIGTERM to the command's process group reaches torchrun
-        node.send_signal(signal.SIGTERM)
-    # torchrun forwards SIGTERM to its rank and then exits 1 itself (its SignalException): the
-    # ranks' exit codes are in their events.
+    # As a preemption's SIGTERM to each node's process group reaches its torchrun, which forwards it
+    # to its rank; node 0's only once rank 1 stopped: rank 0 must have stopped after the same step.
+    nodes[1].send_signal(signal.SIGTERM)
+    wait_for(lambda: stopped.events("sigterm") or nodes[1].poll() is not None, "rank 1 to stop", interval=0.1)
+    nodes[0].send_signal(signal.SIGTERM)
+    # torchrun exits 1 itself (a SignalException, or its rank's failure): the ranks' codes are in their events.
     assert all(code != 0 for code in stopped.wait(nodes)), stopped.log()
 
     exits = stopped.events("exit")
