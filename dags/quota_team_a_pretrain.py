@@ -26,8 +26,8 @@ With the borrow-then-reclaim story (``examples/quotas.yaml``):
    trials get SIGTERM) and the gang starts only once they have stopped.
 3. Trigger ``quota_team_a_finetune`` (priority 80): no GPU is idle (team B runs on its own 2,
    inference's 2 are reserved), so it preempts this gang (priority 60) within team A. Both nodes
-   checkpoint after the same step; the gang waits for 4 free GPUs of team A (the fine-tune's end)
-   and then resumes on both nodes from that step.
+   stop after the same step, rank 0 checkpointing it; the gang waits for 4 free GPUs of team A
+   (the fine-tune's end) and then resumes on both nodes from that step.
 """
 
 from __future__ import annotations
