@@ -87,6 +87,17 @@ def get_provider_info():
                         "example": "8",
                         "default": "8",
                     },
+                    "gpu_type": {
+                        "description": "The type of the local launcher's GPUs (one machine holds one "
+                        "type), as the quota file's GPU types name it: a job queue whose capacity is a "
+                        "mapping {type: GPUs} needs it, and must have that type only (GPU hosts of several "
+                        "types need the celery launcher). Empty: from nvidia-smi's model name (NVIDIA H100 "
+                        "80GB HBM3 is h100), none for virtual GPUs.",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "h100",
+                        "default": "",
+                    },
                     "state_dir": {
                         "description": "Directory for per-job files (preempt notices, exit codes). "
                         "Empty: AIRFLOW_HOME/quota.",

@@ -75,14 +75,15 @@ class Actor:
             job = _load(session, preemption.id)
             if job.state == JobState.RUNNING.value:
                 self._preempt(job, preemption, queue, cycle)
-        in_use: dict[str, int] = {}
+        in_use: dict[tuple[str | None, str], int] = {}  # (GPU type, quota) -> GPUs
         for job in queue.running:
-            in_use[job.quota] = in_use.get(job.quota, 0) + job.gpus
+            in_use[job.gpu_type, job.quota] = in_use.get((job.gpu_type, job.quota), 0) + job.gpus
         held = set(allocated_devices(session=session)) if decision.admit else set()
         admitted = []
         for job_id in decision.admit:
             job = _load(session, job_id)
-            if self._admit(job, queue, _hosts_for(queue, decision, job_id, job.nodes), held, in_use, cycle):
+            hosts = _hosts_for(queue, decision, job_id, job.nodes)
+            if self._admit(job, queue, hosts, decision.types.get(job_id), held, in_use, cycle):
                 admitted.append(job)
         # Only what differs from what the row says (whichever scheduler wrote it last).
         said, reasons = queue.said, []
@@ -117,12 +118,14 @@ class Actor:
         job: QuotaJob,
         queue: QueueCycle,
         hosts: list[HostDevices] | None,
+        gpu_type: str | None,
         held: set[tuple[str, str]],
-        in_use: dict[str, int],
+        in_use: dict[tuple[str | None, str], int],
         cycle: Cycle,
     ) -> bool:
         """Give an admitted job its devices (lowest free indexes on its host; a gang's on each of its
-        nodes' hosts) and mark it running; whether it got them."""
+        nodes' hosts) of the GPU type the policy chose (a typed job queue's) and mark it running;
+        whether it got them."""
         session = cycle.session
         if job.state != JobState.PENDING.value or not job.workload:
             return False  # revoked since this cycle read it
@@ -144,13 +147,15 @@ class Actor:
         host, devices = nodes[0].host, nodes[0].devices
         held.update((node.host, d) for node in nodes for d in node.devices)
         by = f"by scheduler job {cycle.scheduler_job}" if cycle.scheduler_job is not None else None
-        transitions.admit(job, host=host, devices=devices, now=cycle.now, by=by, gang=gang, session=session)
-        in_use[job.quota] = in_use.get(job.quota, 0) + job.gpus
-        capacity = queue.queue.quota(job.quota).capacity
-        if in_use[job.quota] > capacity:
+        transitions.admit(job, host=host, devices=devices, now=cycle.now, by=by, gang=gang, gpu_type=gpu_type, session=session)
+        key = (gpu_type, job.quota)
+        in_use[key] = in_use.get(key, 0) + job.gpus
+        of_type = next((t for t in queue.queue.types if t.name == gpu_type), queue.queue)  # a typed quota lends per type
+        capacity = of_type.quota(job.quota).capacity
+        if in_use[key] > capacity:
             record_event(
                 EventKind.BORROWED, job=job, session=session, host=host, devices=",".join(devices),
-                message=f"quota {job.quota} uses {in_use[job.quota]} of its {capacity} GPUs",
+                message=f"quota {job.quota} uses {in_use[key]} of its {capacity}" + (f" {gpu_type}" if gpu_type else "") + " GPUs",
             )
         return True
 
@@ -188,7 +193,7 @@ def reject(job: QuotaJob, reason: str, cycle: Cycle) -> None:
 
 def task_env(job: QuotaJob, host: str, devices: list[str], cycle: Cycle) -> dict[str, str]:
     """What a job (a gang's node) on ``host`` is told beside the gang's variables: its devices, job,
-    host, quota, preemption count and grace period (``QUOTA_*``)."""
+    host, quota, preemption count, grace period and GPU type (``QUOTA_*``)."""
     return TaskEnvironment(
         cuda_visible_devices=",".join(devices),
         job_id=job.job_id,
@@ -196,6 +201,7 @@ def task_env(job: QuotaJob, host: str, devices: list[str], cycle: Cycle) -> dict
         quota=job.quota,
         preemption_count=preemption_count(job.dag_id, job.run_id, job.task_id, job.map_index, session=cycle.session),
         grace_period_s=grace_period_of(job, cycle.quota_file.quota(job.quota)),
+        gpu_type=job.gpu_type,
     ).to_env()
 
 

@@ -52,11 +52,14 @@ class CeleryLauncher:
 
     def hosts(self, quota_file: QuotaFile, *, session: Session) -> list[HostDevices]:
         rows = session.execute(
-            select(QuotaHost.name, QuotaHost.queues, QuotaHost.devices, QuotaHost.state).order_by(QuotaHost.name)
+            select(QuotaHost.name, QuotaHost.queues, QuotaHost.devices, QuotaHost.state, QuotaHost.gpu_type)
+            .order_by(QuotaHost.name)
         )
         return [
-            HostDevices(name, queue, tuple(d for d in devices.split(",") if d), up=state == HostState.ACTIVE.value)
-            for name, queues, devices, state in rows
+            HostDevices(
+                name, queue, tuple(d for d in devices.split(",") if d), up=state == HostState.ACTIVE.value, gpu_type=gpu_type
+            )
+            for name, queues, devices, state, gpu_type in rows
             for queue in queues.split(",")
             if queue
         ]

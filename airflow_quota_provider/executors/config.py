@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
-from airflow_quota_provider.policy import QuotaFile
+from airflow_quota_provider.policy import QuotaFile, Queue
+from airflow_quota_provider.protocol import GPU_TYPE_NAME
 from airflow_quota_provider.quota_file import QuotaConfigError, read_quota_file
 
 log = logging.getLogger(__name__)
@@ -46,24 +48,67 @@ def discover_devices(devices: str, virtual_gpus: int) -> tuple[list[str], str]:
         if len(set(listed)) != len(listed):
             raise ValueError(f"[quota] devices: {devices!r} lists a device twice")
         return listed, "[quota] devices"
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run(
-                [smi, "--query-gpu=index", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=True,
-            ).stdout
-            found = [line.strip() for line in out.splitlines() if line.strip()]
-            if found:
-                return found, "nvidia-smi"
-        except (OSError, subprocess.SubprocessError) as e:
-            log.warning("nvidia-smi failed (%s); using [quota] virtual_gpus", e)
+    found = nvidia_smi_gpus()
+    if found:
+        return list(found), "nvidia-smi"
     if virtual_gpus < 0:
         raise ValueError(f"[quota] virtual_gpus: {virtual_gpus} is negative")
     return [str(i) for i in range(virtual_gpus)], VIRTUAL_GPUS
+
+
+def nvidia_smi_gpus() -> dict[str, str]:
+    """Index -> model name (``NVIDIA H100 80GB HBM3``) of this machine's GPUs by ``nvidia-smi``;
+    empty without it, or when it fails."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return {}
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index,name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("nvidia-smi failed (%s); using [quota] virtual_gpus", e)
+        return {}
+    gpus = {}
+    for line in out.splitlines():
+        index, _, name = line.partition(",")
+        if index.strip():
+            gpus[index.strip()] = name.strip()
+    return gpus
+
+
+_VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
+
+
+def gpu_type_of_model(model: str) -> str:
+    """A GPU model's type name: the vendor's words (NVIDIA, Tesla, GeForce, Quadro) dropped, the words
+    up to the first with a digit kept, lower case, joined by '-'; the rest (memory, form factor) goes.
+    ``NVIDIA H100 80GB HBM3`` -> ``h100``, ``NVIDIA A100-SXM4-40GB`` -> ``a100``, ``NVIDIA L4`` -> ``l4``,
+    ``NVIDIA RTX A6000`` -> ``rtx-a6000``, ``NVIDIA GeForce RTX 4090`` -> ``rtx-4090``."""
+    words = [w for w in re.split(r"[\s-]+", model.strip().lower()) if w and w not in _VENDOR_WORDS]
+    kept = []
+    for word in words:
+        kept.append(word)
+        if any(c.isdigit() for c in word):
+            break
+    return "-".join(kept)
+
+
+def machine_gpu_type(devices: Sequence[str], models: Mapping[str, str]) -> str | None:
+    """The GPU type of ``devices`` by their models (``nvidia-smi``'s, :func:`nvidia_smi_gpus`); None
+    when none of them is known there. A host holds one type: devices of several types are a
+    ValueError naming them."""
+    types: dict[str, list[str]] = {}
+    for device in devices:
+        if device in models:
+            types.setdefault(gpu_type_of_model(models[device]), []).append(f"{device}: {models[device]}")
+    if len(types) > 1:
+        listed = "; ".join(f"{t} ({', '.join(found)})" for t, found in types.items())
+        raise ValueError(
+            f"this host's GPUs are of {len(types)} types, {listed}: a host holds one type, so hand out "
+            "the GPUs of one (--devices of airflow quota worker, [quota] devices of the local launcher)"
+        )
+    return next(iter(types), None)
 
 
 MANAGED_POOL = "(managed by QuotaExecutor)"
@@ -111,11 +156,29 @@ def existing_pools() -> dict[str, str | None] | None:
         return None
 
 
-def split_devices(quota_file: QuotaFile, devices: Sequence[str], path: str = "") -> dict[str, list[str]]:
-    """Split one machine's devices among the quota file's job queues, in file order."""
+def local_gpu_type(devices: Sequence[str], source: str) -> str | None:
+    """The type of the local launcher's GPUs: ``[quota] gpu_type``, else nvidia-smi's model of
+    ``devices``; None for virtual GPUs without the setting."""
+    from airflow.configuration import conf
+
+    configured = conf.get("quota", "gpu_type", fallback="").strip()
+    if configured:
+        if not GPU_TYPE_NAME.match(configured):
+            raise ValueError(f"[quota] gpu_type: {configured!r} is not a GPU type name (letters, digits, '.', '-', '_', at most 64)")
+        return configured
+    return None if source == VIRTUAL_GPUS else machine_gpu_type(devices, nvidia_smi_gpus())
+
+
+def split_devices(
+    quota_file: QuotaFile, devices: Sequence[str], path: str = "", gpu_type: str | None = None
+) -> dict[str, list[str]]:
+    """Split one machine's devices among the quota file's job queues, in file order. The machine's
+    GPUs are of one type, ``gpu_type`` (``[quota] gpu_type``): a job queue with GPU types must have
+    that one only, since no other host could hold its other types."""
     split: dict[str, list[str]] = {}
     start = 0
     for i, queue in enumerate(quota_file.queues):
+        _check_local_types(queue, gpu_type, f"{path or 'quota file'}: queues[{i}].capacity")
         if start + queue.capacity > len(devices):
             raise QuotaConfigError(
                 f"{path or 'quota file'}: queues[{i}].capacity: {queue.capacity} GPUs, but only "
@@ -127,22 +190,42 @@ def split_devices(quota_file: QuotaFile, devices: Sequence[str], path: str = "")
     return split
 
 
-def load_config(path: str, devices: Sequence[str]) -> tuple[QuotaFile, dict[str, list[str]]]:
+def _check_local_types(queue: Queue, gpu_type: str | None, where: str) -> None:
+    types = [t.name for t in queue.types]
+    if not types:
+        return
+    if gpu_type is None:
+        raise QuotaConfigError(
+            f"{where}: job queue {queue.name} has GPU types ({', '.join(types)}): the local launcher needs "
+            "[quota] gpu_type, the type of this machine's GPUs (else nvidia-smi's)"
+        )
+    if types != [gpu_type]:
+        raise QuotaConfigError(
+            f"{where}: job queue {queue.name} has GPU types {', '.join(types)}, but the local launcher runs on "
+            f"one machine of GPU type {gpu_type} ([quota] gpu_type): give the queue only {gpu_type}, or run "
+            "GPU hosts of each type ([quota] launcher = celery)"
+        )
+
+
+def load_config(path: str, devices: Sequence[str], gpu_type: str | None = None) -> tuple[QuotaFile, dict[str, list[str]]]:
     """Read the quota file and split this machine's devices among its job queues (local launcher)."""
     quota_file = read_quota_file(path)
-    return quota_file, split_devices(quota_file, devices, path)
+    return quota_file, split_devices(quota_file, devices, path, gpu_type)
 
 
 class QuotaConfig:
     """The quota file in force, re-read when it changes on disk."""
 
     def __init__(
-        self, path: str, devices: Sequence[str] | None, *, pools: Callable[[], Mapping[str, str | None] | None] = existing_pools
+        self, path: str, devices: Sequence[str] | None, *, gpu_type: str | None = None,
+        pools: Callable[[], Mapping[str, str | None] | None] = existing_pools,
     ) -> None:
-        """``devices`` are this machine's GPUs (local launcher), None on a fleet (hosts register);
-        ``pools`` reads Airflow's pools (name -> description) that quota names must not collide with."""
+        """``devices`` are this machine's GPUs (local launcher), None on a fleet (hosts register), and
+        ``gpu_type`` their type; ``pools`` reads Airflow's pools (name -> description) that quota names
+        must not collide with."""
         self.path = path
         self.devices = devices
+        self.gpu_type = gpu_type
         self._pools = pools
         self.quota_file = self._load()
         self.mtime = self._mtime()
@@ -151,7 +234,7 @@ class QuotaConfig:
         if self.devices is None:
             quota_file = read_quota_file(self.path)
         else:
-            quota_file = load_config(self.path, self.devices)[0]
+            quota_file = load_config(self.path, self.devices, self.gpu_type)[0]
         errors = pool_collisions(quota_file, self._pools() or {})
         if errors:
             raise QuotaConfigError(f"{self.path}: {'; '.join(errors)}")

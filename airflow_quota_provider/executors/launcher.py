@@ -55,6 +55,8 @@ class HostDevices:
     devices: tuple[str, ...]
     up: bool = True
     """False while the host is lost: its devices are out of the pool until it returns."""
+    gpu_type: str | None = None
+    """Its GPUs' type (a host holds one); None: untyped, which a job queue with GPU types cannot use."""
 
 
 class Launcher(Protocol):

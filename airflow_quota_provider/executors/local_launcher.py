@@ -98,11 +98,15 @@ class LocalLauncher:
     places_on_hosts = False
     HOST = "local"
 
-    def __init__(self, state_dir: Path, devices: list[str] | None = None, *, cgroups: bool | None = None) -> None:
-        """``cgroups``: contain each launch in a cgroup v2 where the kernel allows it; None reads
-        ``[quota] process_cgroups`` (``auto``, the default, or ``off``: the subreaper alone)."""
+    def __init__(
+        self, state_dir: Path, devices: list[str] | None = None, *, gpu_type: str | None = None, cgroups: bool | None = None
+    ) -> None:
+        """``gpu_type``: the type of this machine's GPUs (``[quota] gpu_type``); ``cgroups``: contain
+        each launch in a cgroup v2 where the kernel allows it; None reads ``[quota] process_cgroups``
+        (``auto``, the default, or ``off``: the subreaper alone)."""
         self.state_dir = state_dir
         self.devices = list(devices or [])
+        self.gpu_type = gpu_type
         if cgroups is None:
             from airflow.configuration import conf
 
@@ -136,8 +140,8 @@ class LocalLauncher:
         from airflow_quota_provider.executors.config import split_devices
 
         return [
-            HostDevices(self.HOST, queue, tuple(devices))
-            for queue, devices in split_devices(quota_file, self.devices).items()
+            HostDevices(self.HOST, queue, tuple(devices), gpu_type=self.gpu_type)
+            for queue, devices in split_devices(quota_file, self.devices, gpu_type=self.gpu_type).items()
         ]
 
     def launch(self, *, job_id: int, host: str, workload: ExecuteTask, env: dict[str, str], session: Session) -> str:

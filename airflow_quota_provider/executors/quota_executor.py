@@ -50,7 +50,9 @@ from airflow.models.pool import Pool
 from airflow.models.taskinstance import TaskInstance
 from airflow.utils.session import create_session
 from airflow_quota_provider.executors.act import Actor, reject
-from airflow_quota_provider.executors.config import LAUNCHERS, MANAGED_POOL, QuotaConfig, discover_devices, state_dir
+from airflow_quota_provider.executors.config import (
+    LAUNCHERS, MANAGED_POOL, QuotaConfig, discover_devices, local_gpu_type, state_dir,
+)
 from airflow_quota_provider.executors.cycle import Cycle
 from airflow_quota_provider.executors.estimates import StartEstimates
 from airflow_quota_provider.executors.gangs import Gangs
@@ -120,7 +122,8 @@ class QuotaExecutor(BaseExecutor):
             devices, self._device_source = (None, "GPU hosts") if self.launcher_kind == "celery" else discover_devices(
                 conf.get("quota", "devices", fallback=""), conf.getint("quota", "virtual_gpus", fallback=8)
             )
-            self.config = QuotaConfig(conf.get("quota", "quota_file", fallback=""), devices)
+            gpu_type = None if devices is None else local_gpu_type(devices, self._device_source)
+            self.config = QuotaConfig(conf.get("quota", "quota_file", fallback=""), devices, gpu_type=gpu_type)
         except (QuotaConfigError, ValueError) as e:
             self.log.error("QuotaExecutor cannot start: %s", e)
             raise SystemExit(f"Error: QuotaExecutor cannot start: {e}") from None
@@ -136,7 +139,7 @@ class QuotaExecutor(BaseExecutor):
         else:
             from airflow_quota_provider.executors.local_launcher import LocalLauncher
 
-            self.launcher = LocalLauncher(Path(state_dir()), self.config.devices)
+            self.launcher = LocalLauncher(Path(state_dir()), self.config.devices, gpu_type=self.config.gpu_type)
         self._start_parts(self.launcher)
         devices = self.config.devices
         self.log.info(
@@ -382,6 +385,7 @@ class QuotaExecutor(BaseExecutor):
             quota=str(quota),
             gpus=_total_gpus(ti.pool_slots, asked.gpus, nodes),
             nodes=nodes,
+            gpu_types=asked.gpu_type,
             priority=ti.priority_weight if asked.priority is None else asked.priority,
             preemptible=asked.preemptible,
             max_preemptions=asked.max_preemptions,

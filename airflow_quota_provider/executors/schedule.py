@@ -140,17 +140,28 @@ class Scheduler:
 
     def _policy_state(self, queue: QueueCycle, backlog: Backlog) -> State:
         """The queue as the policy sees it; on a fleet with its hosts, a lost one down (it still
-        counts for the rule on a job larger than every host, so that waits instead of failing)."""
+        counts for the rule on a job larger than every host, so that waits instead of failing). In a
+        job queue with GPU types each host counts for its own type, and a type none has registered
+        yet is one host down, as an untyped queue without hosts is."""
         if not self.launcher.places_on_hosts:
             return State.for_queue(queue.queue, queue.running, backlog)
-        hosts = {h.name: Host(h.name, len(h.devices), down=not h.up) for h in queue.hosts}
-        unknown: dict[str, int] = {}  # a job on a host no longer registered: down, as large as its jobs
+        types = queue.queue.types
+        hosts = {
+            h.name: Host(h.name, len(h.devices), down=not h.up, type=h.gpu_type if types else None) for h in queue.hosts
+        }
+        unknown: dict[str, tuple[int, str | None]] = {}  # a job on a host no longer registered: down, as large as its jobs
         for job in queue.running:
             for host in job.placed_on:
                 if host not in hosts:
-                    unknown[host] = unknown.get(host, 0) + job.gpus_per_node
-        hosts.update((name, Host(name, gpus, down=True)) for name, gpus in unknown.items())
-        if not hosts:  # none registered yet (the scheduler started first): jobs wait for them
+                    gpus = unknown.get(host, (0, None))[0]
+                    unknown[host] = (gpus + job.gpus_per_node, job.gpu_type if types else None)
+        hosts.update((name, Host(name, gpus, down=True, type=t)) for name, (gpus, t) in unknown.items())
+        registered = {h.type for h in hosts.values()}
+        for gpu_type in types:  # none registered yet (the scheduler started first): its jobs wait for them
+            if gpu_type.name not in registered:
+                name = f"(no {gpu_type.name} GPU host registered yet)"
+                hosts[name] = Host(name, gpu_type.capacity, down=True, type=gpu_type.name)
+        if not hosts:
             hosts[NO_HOST] = Host(NO_HOST, queue.queue.capacity, down=True)
         return State.for_queue(queue.queue, queue.running, backlog, hosts=sorted(hosts.values(), key=lambda h: h.name))
 
