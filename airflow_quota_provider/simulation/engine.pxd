@@ -14,7 +14,7 @@ cdef class _Usage:
 
 cdef class _QueueRun:
     cdef public object queue, hosts, host_gpus, host_used, largest_host, running, pending, used
-    cdef public object decide_at, checkpoints, timed, wake_at, instant, at_instant
+    cdef public object decide_at, checkpoints, timed, wake_at, instant, at_instant, type_used, host_type
 
 cdef class Simulator:
     cdef public object cohort_usage, decide_fn, decisions, env, holds, jobs, on_progress, placed

@@ -221,7 +221,7 @@ class _Usage:
 
 class _QueueRun:
     __slots__ = ("queue", "hosts", "host_gpus", "host_used", "largest_host", "running", "pending", "used",
-                 "decide_at", "checkpoints", "timed", "wake_at", "instant", "at_instant")
+                 "decide_at", "checkpoints", "timed", "wake_at", "instant", "at_instant", "type_used", "host_type")
 
     def __init__(self, queue: Queue, hosts: tuple[Host, ...] | None) -> None:
         self.queue = queue  # as the policy sees it (after the policy's rewrite of the quota file)
@@ -240,6 +240,9 @@ class _QueueRun:
         self.instant = -math.inf
         """When the queue's last decision that preempted was made, and how many it made then."""
         self.at_instant = 0
+        self.type_used = {t.name: 0 for t in queue.types}
+        """GPUs in use per GPU type (a queue with types)."""
+        self.host_type = {h.name: h.type for h in hosts or ()}
 
 
 @dataclass
@@ -400,6 +403,8 @@ class Simulator:
         usage = self.usage[job.quota]
         usage.change(now, -job.trace.gpus)
         job.queue.used -= job.trace.gpus
+        if job.job.gpu_type is not None:
+            job.queue.type_used[job.job.gpu_type] -= job.trace.gpus
         if job.job.host is not None:
             per = job.job.gpus_per_node
             for host in job.job.placed_on:
@@ -434,7 +439,7 @@ class Simulator:
             job.end = now
             return
         job.job = _changed(job.job, started_at=None, last_checkpoint_at=None, preempted_for=None, host=None, hosts=(),
-                          preemptions=job.job.preemptions + 1)
+                          gpu_type=None, preemptions=job.job.preemptions + 1)
         self._enqueue(job, now)
 
     def _refresh_checkpoints(self, run: _QueueRun, now: float) -> None:
@@ -493,7 +498,7 @@ class Simulator:
             self.env.schedule(now + grace, STOP, self._stop, job, job.attempt)
         for job_id in decision.admit:
             job = self._pending_job(run, job_id, "admit")
-            self._start(run, job, now, decision.hosts.get(job_id))
+            self._start(run, job, now, decision.hosts.get(job_id), decision.types.get(job_id))
         if run.pending and run.timed:
             self._wake_for_timers(run, now)
 
@@ -526,7 +531,7 @@ class Simulator:
         usage.pending_jobs -= 1
         self._record(usage, 0, -1)
 
-    def _start(self, run: _QueueRun, job: SimJob, now: float, host: str | list[str] | None) -> None:
+    def _start(self, run: _QueueRun, job: SimJob, now: float, host: str | list[str] | None, gpu_type: str | None) -> None:
         run.pending.remove(job.trace.id)
         self._unpend(job)
         gpus = job.trace.gpus
@@ -534,6 +539,15 @@ class Simulator:
         if run.used > run.queue.capacity:
             raise CheckError(f"policy admitted {job.trace.id!r} ({gpus} GPUs) at t={now:g}: queue {run.queue.name} "
                              f"would use {run.used} GPUs of {run.queue.capacity}")
+        if run.type_used:  # a queue with GPU types: each type within its capacity, a job on a type it asked for
+            capacity = {t.name: t.capacity for t in run.queue.types}
+            if gpu_type not in capacity or (job.job.gpu_types and gpu_type not in job.job.gpu_types):
+                raise CheckError(f"policy admitted {job.trace.id!r} at t={now:g} on GPU type {gpu_type!r}: it may run on "
+                                 f"{', '.join(job.job.gpu_types or capacity)}")
+            run.type_used[gpu_type] += gpus
+            if run.type_used[gpu_type] > capacity[gpu_type]:
+                raise CheckError(f"policy admitted {job.trace.id!r} ({gpus} GPUs) at t={now:g}: {gpu_type} of queue "
+                                 f"{run.queue.name} would use {run.type_used[gpu_type]} GPUs of {capacity[gpu_type]}")
         hosts: tuple[str, ...] = ()
         if run.hosts is not None:
             nodes = job.job.nodes
@@ -546,6 +560,9 @@ class Simulator:
                 if name not in run.host_used:
                     raise CheckError(f"policy admitted {job.trace.id!r} at t={now:g} on host {name!r}, not one of "
                                      f"queue {run.queue.name}'s hosts")
+                if run.host_type[name] != gpu_type:
+                    raise CheckError(f"policy admitted {job.trace.id!r} at t={now:g} as {gpu_type} on host {name}, "
+                                     f"whose GPUs are {run.host_type[name]}")
                 run.host_used[name] += per
                 if run.host_used[name] > run.host_gpus[name]:
                     raise CheckError(f"policy admitted {job.trace.id!r} ({per} GPUs there) at t={now:g}: host {name} "
@@ -562,7 +579,7 @@ class Simulator:
             job.first_start = now
         expected = None if job.estimate_factor is None else job.remaining * job.estimate_factor
         job.job = _changed(job.job, started_at=now, last_checkpoint_at=now, host=host, expected_runtime_s=expected,
-                           hosts=hosts if len(hosts) > 1 else ())
+                           hosts=hosts if len(hosts) > 1 else (), gpu_type=gpu_type)
         run.running.add(job.job)
         self.env.schedule(now + job.remaining, FINISH, self._finish, job, job.attempt)
         if expected is not None and expected < job.remaining:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from airflow_quota_provider.policy import PreemptionPolicy, Queue, Quota, QuotaFile, Reclaim, Sharing, WithinQuota
+from airflow_quota_provider.policy.types import GpuType
 
 POLICIES = ("quota", "static", "fifo")
 NO_PREEMPTION = PreemptionPolicy(within_quota=WithinQuota.NEVER, reclaim=Reclaim.NEVER, borrow_within=None)
@@ -29,11 +30,15 @@ class PolicySetup:
 def static_quota_file(quota_file: QuotaFile) -> QuotaFile:
     """Airflow pools today: each quota gets its own capacity and nothing else (no cohorts), and nobody is
     preempted."""
-    queues = tuple(
-        replace(queue, cohorts=(), quotas=tuple(
+    def static(quotas: tuple[Quota, ...]) -> tuple[Quota, ...]:
+        return tuple(
             replace(q, sharing=Sharing.RESERVE, borrow_limit=None, lend_limit=None, preemption=NO_PREEMPTION, cohort=None)
-            for q in queue.quotas
-        ))
+            for q in quotas
+        )
+
+    queues = tuple(
+        replace(queue, cohorts=(), quotas=static(queue.quotas),
+                types=tuple(replace(t, cohorts=(), quotas=static(t.quotas)) for t in queue.types))
         for queue in quota_file.queues
     )
     return QuotaFile(queues=queues)
@@ -41,10 +46,14 @@ def static_quota_file(quota_file: QuotaFile) -> QuotaFile:
 
 def fifo_quota_file(quota_file: QuotaFile) -> QuotaFile:
     """One shared FIFO per job queue: a single quota of the whole capacity, no preemption."""
+    def one(capacity: int, name: str) -> tuple[Quota, ...]:
+        return (Quota(name=name, capacity=capacity, sharing=Sharing.RESERVE, preemption=NO_PREEMPTION),)
+
     queues = tuple(
         Queue(
-            name=queue.name, capacity=queue.capacity, capacity_unit=queue.capacity_unit,
-            quotas=(Quota(name=queue.name, capacity=queue.capacity, sharing=Sharing.RESERVE, preemption=NO_PREEMPTION),),
+            name=queue.name, capacity=queue.capacity, capacity_unit=queue.capacity_unit, quotas=one(queue.capacity, queue.name),
+            types=tuple(GpuType(t.name, t.capacity, one(t.capacity, queue.name)) for t in queue.types),
+            fungibility=queue.fungibility,
         )
         for queue in quota_file.queues
     )

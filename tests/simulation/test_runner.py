@@ -285,3 +285,22 @@ def test_kueues_baseline_on_hosts_ends_without_the_policy_going_round_in_circles
     run = simulate(quota_file, jobs, ["quota"], hosts_per_queue=6, gpus_per_host=20, runtime_noise=0.5)
     assert run.report["policies"]["quota"]["checks"]["conservation"] == "passed"
     assert {job.status for job in run.results["quota"].jobs} == {"completed"}
+
+
+def test_a_queue_with_gpu_types_replays_each_type_within_its_capacity_under_every_policy():
+    """Two types of 4 GPUs: untyped jobs take whichever has room (the engine checks every admission
+    against its type's capacity); a 6-GPU job fits no type and is rejected, though 8 GPUs exist, and
+    no quota gets around its share of a type."""
+    shares = {"capacity": {"h100": 2, "a100": 2}, "sharing": "lend_and_borrow",
+              "preemption": {"within_quota": "lower_priority", "reclaim": "any"}, "grace_period_s": 10}
+    typed = quota_file({"queues": [{"name": "pool", "capacity": {"h100": 4, "a100": 4},
+                                    "quotas": [{"name": "a", **shares}, {"name": "b", **shares}]}]})
+    jobs = [job("b1", "b", 0, 500, 4), job("b2", "b", 0, 500, 4), job("a1", "a", 100, 100, 2),
+            job("a2", "a", 100, 100, 2), job("big", "a", 150, 10, 6)]
+    report = simulate(typed, jobs, ["quota", "static", "fifo"]).report
+    # Static: each quota holds its 2 GPUs of a type and never borrows, so b's 4-GPU jobs never fit.
+    for policy, completed, rejected in (("quota", 4, 1), ("static", 2, 3), ("fifo", 4, 1)):
+        overall = figures(report, policy)
+        assert (overall["completed"], overall["rejected"]) == (completed, rejected), (policy, overall)
+        assert report["policies"][policy]["checks"]["conservation"] == "passed"
+    assert figures(report, "quota")["preemptions"] >= 1, "a reclaims on a type b borrowed"
