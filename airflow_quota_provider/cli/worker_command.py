@@ -1,6 +1,6 @@
 """``airflow quota worker``: one GPU host of the fleet.
 
-It registers the host (name, job queue, GPU indexes) in ``quota_host``, heartbeats every
+It registers the host (name, job queue, GPU indexes and their type) in ``quota_host``, heartbeats every
 ``[quota] host_heartbeat_s``, and runs ``airflow celery worker`` on the host's own Celery queue with
 the quota task and its remote-control commands loaded (:mod:`airflow_quota_provider.executors.celery_worker`).
 
@@ -28,6 +28,11 @@ ARG_DEVICES = Arg(("--devices",), help="Comma-separated GPU indexes to hand out 
 ARG_VIRTUAL_GPUS = Arg(
     ("--virtual-gpus",), type=int, help="Virtual GPUs (indexes 0..N-1) when there is neither --devices nor nvidia-smi"
 )
+ARG_GPU_TYPE = Arg(
+    ("--gpu-type",),
+    help="This host's GPU type, one of its job queue's types (required with --virtual-gpus on a queue with GPU "
+    "types; default: nvidia-smi's model name, 'NVIDIA H100 80GB HBM3' is h100)",
+)
 ARG_HOSTNAME = Arg(("--hostname",), help="The host's name in the fleet (default: this machine's hostname)")
 ARG_ADDRESS = Arg(
     ("--address",),
@@ -44,12 +49,13 @@ WORKER_COMMAND = ActionCommand(
     name="worker",
     help="Run a GPU host of the fleet: register its GPUs, heartbeat, and run quota tasks through Celery",
     func=lazy_load_command("airflow_quota_provider.cli.worker_command.worker"),
-    args=(ARG_QUEUES, ARG_DEVICES, ARG_VIRTUAL_GPUS, ARG_HOSTNAME, ARG_ADDRESS, ARG_CONCURRENCY, ARG_SKIP_SERVE_LOGS),
+    args=(ARG_QUEUES, ARG_DEVICES, ARG_VIRTUAL_GPUS, ARG_GPU_TYPE, ARG_HOSTNAME, ARG_ADDRESS, ARG_CONCURRENCY, ARG_SKIP_SERVE_LOGS),
 )
 
 
-def _job_queue(queues: str) -> str:
-    """The one job queue named by ``--queues``, checked against the quota file when one is set."""
+def _job_queue(queues: str) -> tuple[str, tuple[str, ...] | None]:
+    """The one job queue named by ``--queues`` and its GPU types, checked against the quota file
+    when one is set (None: no quota file here to say)."""
     from airflow.configuration import conf
     from airflow_quota_provider.quota_file import QuotaConfigError, read_quota_file
 
@@ -57,14 +63,54 @@ def _job_queue(queues: str) -> str:
     if len(names) != 1:
         raise SystemExit(f"Error: --queues: {queues!r}: a GPU host serves exactly one job queue")
     path = conf.get("quota", "quota_file", fallback="")
-    if path:
-        try:
-            known = [q.name for q in read_quota_file(path).queues]
-        except QuotaConfigError as e:
+    if not path:
+        return names[0], None
+    try:
+        known = {q.name: tuple(t.name for t in q.types) for q in read_quota_file(path).queues}
+    except QuotaConfigError as e:
+        raise SystemExit(f"Error: {e}")
+    if names[0] not in known:
+        raise SystemExit(f"Error: --queues: {names[0]!r} is not one of {', '.join(known)} (quota file {path})")
+    return names[0], known[names[0]]
+
+
+def _gpu_type(given: str | None, queue: str, types: tuple[str, ...] | None, devices: list[str], source: str) -> str | None:
+    """The host's GPU type: ``--gpu-type``, else nvidia-smi's model of ``devices`` (virtual GPUs have
+    none). A job queue with GPU ``types`` needs one of them; an untyped queue takes no ``--gpu-type``
+    (nvidia-smi's type is recorded all the same, and GPUs of several types serve it untyped). ``types``
+    None: no quota file to check against."""
+    from airflow_quota_provider.executors.config import VIRTUAL_GPUS, machine_gpu_type, nvidia_smi_gpus
+    from airflow_quota_provider.protocol import GPU_TYPE_NAME
+
+    if given is not None:
+        if not GPU_TYPE_NAME.match(given):
+            raise SystemExit(f"Error: --gpu-type: {given!r} is not a GPU type name (letters, digits, '.', '-', '_', at most 64)")
+        if types == ():
+            raise SystemExit(f"Error: --gpu-type: job queue {queue} has no GPU types (its capacity is a number of GPUs)")
+        if types and given not in types:
+            raise SystemExit(f"Error: --gpu-type: {given!r} is not one of job queue {queue}'s GPU types {', '.join(types)}")
+        return given
+    models = {} if source == VIRTUAL_GPUS else nvidia_smi_gpus()
+    try:
+        found = machine_gpu_type(devices, models)
+    except ValueError as e:
+        if types != ():
             raise SystemExit(f"Error: {e}")
-        if names[0] not in known:
-            raise SystemExit(f"Error: --queues: {names[0]!r} is not one of {', '.join(known)} (quota file {path})")
-    return names[0]
+        log.warning("Job queue %s has no GPU types, so this host serves it untyped: %s", queue, e)
+        return None
+    if types and found is None:
+        why = "virtual GPUs have none" if source == VIRTUAL_GPUS else "nvidia-smi does not say"
+        raise SystemExit(
+            f"Error: --gpu-type is required: job queue {queue} has GPU types {', '.join(types)} and this host's "
+            f"type is unknown ({why})"
+        )
+    if types and found not in types:
+        named = ", ".join(sorted({models[d] for d in devices if d in models}))
+        raise SystemExit(
+            f"Error: this host's GPUs are {found} ({named}, by nvidia-smi), not one of job queue {queue}'s GPU types "
+            f"{', '.join(types)}; pass --gpu-type to name them as the quota file does"
+        )
+    return found
 
 
 HOST_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
@@ -155,7 +201,7 @@ def worker(args) -> None:
 
     name = _host_name(socket.gethostname() if args.hostname is None else args.hostname)
     address = _address(args.address)
-    queue = _job_queue(args.queues)
+    queue, types = _job_queue(args.queues)
     virtual = args.virtual_gpus if args.virtual_gpus is not None else conf.getint("quota", "virtual_gpus", fallback=8)
     try:
         devices, source = discover_devices(args.devices or "", virtual)
@@ -163,6 +209,7 @@ def worker(args) -> None:
         raise SystemExit(f"Error: {e}")
     if not devices:
         raise SystemExit(f"Error: no GPUs found ({source}); pass --devices or --virtual-gpus")
+    gpu_type = _gpu_type(args.gpu_type, queue, types, devices, source)
     if source == VIRTUAL_GPUS:
         # A task on a virtual GPU trains on the CPU: one thread each (the tasks inherit it), unless the
         # host says otherwise; PyTorch's thread per core times the host's tasks overloads it many times over.
@@ -176,8 +223,14 @@ def worker(args) -> None:
     if ended:
         log.warning("Ended the launches %s left running by an earlier worker of host %s", ", ".join(ended), name)
     with create_session() as session:
-        register_host(name, queues=[queue], devices=devices, celery_name=f"celery@{name}", address=address, session=session)
-    log.info("GPU host %s serves job queue %s with GPUs %s (%s)", name, queue, ",".join(devices), source)
+        register_host(
+            name, queues=[queue], devices=devices, celery_name=f"celery@{name}", address=address, gpu_type=gpu_type,
+            session=session,
+        )
+    log.info(
+        "GPU host %s serves job queue %s with GPUs %s (%s)%s", name, queue, ",".join(devices), source,
+        f" of type {gpu_type}" if gpu_type else "",
+    )
     stop = threading.Event()
     every = conf.getfloat("quota", "host_heartbeat_s", fallback=5.0)
     threading.Thread(target=_heartbeat, args=(name, every, stop), name="quota-heartbeat", daemon=True).start()

@@ -152,3 +152,120 @@ def test_a_worker_whose_leftover_launch_outlives_sigkill_exits_2_before_it_hands
         "its GPUs are not handed out"
     )
     assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+# ------------------------------------------------------------------------------------ GPU types
+
+TYPED = """
+queues:
+  - name: fleet
+    capacity: {h100: 8, a100: 8}
+    quotas:
+      - {name: team-a, capacity: {h100: 8, a100: 8}}
+  - name: plain
+    capacity: 4
+    quotas:
+      - {name: team-b, capacity: 4}
+"""
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-40GB"
+
+
+@pytest.fixture
+def nvidia_smi(tmp_path, monkeypatch):
+    """A fake ``nvidia-smi`` first on PATH that prints the lines given (the machine's edge: the real
+    one's ``--query-gpu=index,name --format=csv,noheader`` output)."""
+
+    def install(*gpus: str) -> None:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        script = bin_dir / "nvidia-smi"
+        lines = "".join(f"{i}, {model}\n" for i, model in enumerate(gpus))
+        script.write_text(f'#!/bin/sh\n[ "$1 $2" = "--query-gpu=index,name --format=csv,noheader" ] || exit 9\nprintf "{lines}"\n')
+        script.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    return install
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu_type"),
+    [
+        (H100, "h100"), (A100, "a100"), ("NVIDIA L4", "l4"), ("Tesla T4", "t4"), ("NVIDIA H100 NVL", "h100"),
+        ("NVIDIA A10G", "a10g"), ("NVIDIA RTX A6000", "rtx-a6000"), ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+    ],
+)
+def test_a_gpu_model_is_named_by_its_type_without_vendor_memory_or_form_factor(model, gpu_type):
+    from airflow_quota_provider.executors.config import gpu_type_of_model
+
+    assert gpu_type_of_model(model) == gpu_type
+
+
+def test_nvidia_smi_gives_the_indexes_and_their_models(nvidia_smi):
+    from airflow_quota_provider.executors.config import discover_devices, nvidia_smi_gpus
+
+    nvidia_smi(H100, H100, A100)
+    assert nvidia_smi_gpus() == {"0": H100, "1": H100, "2": A100}
+    assert discover_devices("", 8) == (["0", "1", "2"], "nvidia-smi")
+
+
+def _gpu_type(queue: str, given: str | None = None, devices: str = "", virtual: int = 2):
+    from airflow_quota_provider.cli.worker_command import _gpu_type
+    from airflow_quota_provider.executors.config import discover_devices
+    import yaml
+
+    from airflow_quota_provider.policy import parse_quota_file
+
+    types = {q.name: tuple(t.name for t in q.types) for q in parse_quota_file(yaml.safe_load(TYPED)).queues}[queue]
+    return _gpu_type(given, queue, types, *discover_devices(devices, virtual))
+
+
+def test_a_host_takes_its_type_from_nvidia_smi(nvidia_smi):
+    nvidia_smi(A100, A100)
+    assert _gpu_type("fleet") == "a100"
+
+
+def test_a_host_of_several_gpu_models_is_refused_naming_them_unless_devices_picks_one(nvidia_smi):
+    nvidia_smi(H100, A100, H100)
+    with pytest.raises(SystemExit, match=re.escape(f"2 types, h100 (0: {H100}, 2: {H100}); a100 (1: {A100})")):
+        _gpu_type("fleet")
+    assert _gpu_type("fleet", devices="0,2") == "h100"
+    assert _gpu_type("plain") is None, "an untyped job queue is served untyped"
+
+
+def test_a_host_whose_type_the_job_queue_lacks_is_refused_naming_the_queues_types(nvidia_smi):
+    nvidia_smi("NVIDIA L4")
+    with pytest.raises(SystemExit, match=re.escape("GPUs are l4 (NVIDIA L4, by nvidia-smi), not one of job queue fleet's GPU types h100, a100")):
+        _gpu_type("fleet")
+    assert _gpu_type("fleet", given="a100") == "a100", "--gpu-type names them as the quota file does"
+
+
+@pytest.mark.parametrize(
+    ("queue", "given", "message"),
+    [
+        pytest.param("fleet", None, "--gpu-type is required: job queue fleet has GPU types h100, a100", id="virtual GPUs untyped"),
+        pytest.param("fleet", "l4", "--gpu-type: 'l4' is not one of job queue fleet's GPU types h100, a100", id="not a type of the queue"),
+        pytest.param("plain", "h100", "--gpu-type: job queue plain has no GPU types", id="an untyped queue"),
+        pytest.param("fleet", "h100 sxm", "--gpu-type: 'h100 sxm' is not a GPU type name", id="not a name"),
+    ],
+)
+def test_gpu_type_with_virtual_gpus_is_checked_against_the_job_queue(queue, given, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        _gpu_type(queue, given)
+
+
+def test_virtual_gpus_of_a_type_of_the_job_queue_register_with_it():
+    assert _gpu_type("fleet", "a100") == "a100"
+    assert _gpu_type("plain") is None
+
+
+def test_the_worker_refuses_a_host_of_several_gpu_models_before_it_registers(nvidia_smi, tmp_path):
+    nvidia_smi(H100, A100)
+    (tmp_path / "quotas.yaml").write_text(TYPED)
+    result = subprocess.run(
+        ["airflow", "quota", "worker", "--queues", "fleet", "--hostname", HOST],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "AIRFLOW__QUOTA__QUOTA_FILE": str(tmp_path / "quotas.yaml"), "AIRFLOW__QUOTA__STATE_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"this host's GPUs are of 2 types, h100 (0: {H100}); a100 (1: {A100})" in result.stderr
