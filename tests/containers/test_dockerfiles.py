@@ -99,7 +99,8 @@ def test_the_astro_project_keeps_no_copy_of_the_repository_s_files_in_git(tmp_pa
                              check=True).stdout.split()
     assert tracked == ["dags/.airflowignore"]
     project = prepared_project(tmp_path / "project")
-    for name in ("quota_team_a_finetune.py", "quota_team_b_sweep.py", "quota_inference_eval.py", "scripts/train_mlp.py"):
+    for name in ("quota_team_a_finetune.py", "quota_team_a_pretrain.py", "quota_team_b_sweep.py", "quota_inference_eval.py",
+                 "scripts/train_mlp.py"):
         assert filecmp.cmp(project / "dags" / name, REPO / "dags" / name, shallow=False), name
     assert filecmp.cmp(project / "include" / "quotas.yaml", REPO / "examples" / "quotas.yaml", shallow=False)
     ignored = subprocess.run(["git", "check-ignore", "--no-index", "dags/quota_team_b_sweep.py", *PREPARED],

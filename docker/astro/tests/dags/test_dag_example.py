@@ -14,7 +14,7 @@ os.environ.update(OVERRIDE["services"]["scheduler"]["environment"])
 
 from airflow.dag_processing.dagbag import DagBag  # noqa: E402
 
-QUOTA_DAGS = {"quota_team_b_sweep", "quota_team_a_finetune", "quota_inference_eval"}
+QUOTA_DAGS = {"quota_team_b_sweep", "quota_team_a_finetune", "quota_team_a_pretrain", "quota_inference_eval"}
 
 
 def test_the_project_s_dags_import_and_are_the_quota_examples():
