@@ -16,12 +16,15 @@ from airflow.providers.amazon.aws.utils import validate_execute_complete_event
 from airflow.providers.amazon.aws.utils.mixins import aws_template_fields
 from airflow.providers.common.compat.sdk import AirflowException, conf
 
+from airflow_quota_provider.aws.plan import UNLIMITED_BORROW, QuotaShareSpec
 from airflow_quota_provider.hooks.batch_quota import TASK_INSTANCE_TAG, BatchQuotaShareHook
 from airflow_quota_provider.operators.arguments import check_int
 from airflow_quota_provider.protocol import MAX_NODES
 from airflow_quota_provider.triggers.batch_service_job import BatchServiceJobTrigger
 
 if TYPE_CHECKING:
+    from sagemaker.train import ModelTrainer
+
     from airflow.sdk import Context
 
 XCOM_JOB_ID = "service_job_id"
@@ -88,6 +91,18 @@ def _has_template(value: Any) -> bool:
     return not (value is None or isinstance(value, bool | int | float))
 
 
+def _request_object(training_job_request: dict[str, Any] | str) -> dict[str, Any]:
+    request = training_job_request
+    if isinstance(request, str):
+        try:
+            request = json.loads(request)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"training_job_request: not a JSON object ({error})") from None
+    if not isinstance(request, dict):
+        raise ValueError(f"training_job_request: {request!r} is not a CreateTrainingJob request (a JSON object)")
+    return request
+
+
 def _sized_request(training_job_request: dict[str, Any] | str, nodes: int | None) -> dict[str, Any] | str:
     """The CreateTrainingJob request with ``ResourceConfig.InstanceCount`` set to ``nodes``.
 
@@ -97,14 +112,7 @@ def _sized_request(training_job_request: dict[str, Any] | str, nodes: int | None
     """
     if nodes is None:
         return training_job_request
-    request = training_job_request
-    if isinstance(request, str):
-        try:
-            request = json.loads(request)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"training_job_request: not a JSON object ({error})") from None
-    if not isinstance(request, dict):
-        raise ValueError(f"training_job_request: {request!r} is not a CreateTrainingJob request (a JSON object)")
+    request = _request_object(training_job_request)
     resources = request.get("ResourceConfig", {})
     if not isinstance(resources, dict):
         raise ValueError(f"training_job_request.ResourceConfig: {resources!r} is not an object")
@@ -120,6 +128,65 @@ def _sized_request(training_job_request: dict[str, Any] | str, nodes: int | None
             "set one of them"
         )
     return {**request, "ResourceConfig": {**resources, "InstanceCount": nodes}}
+
+
+def _model_trainer_compute(model_trainer: Any) -> Any:
+    """The ``Compute`` of a SageMaker SDK ``ModelTrainer`` (``sagemaker-train``), checked to be one that
+    AWS Batch can queue: a SageMaker training job on one instance type."""
+    try:
+        from sagemaker.train.model_trainer import Mode, ModelTrainer
+    except ImportError:
+        raise ValueError(
+            "model_trainer: needs the SageMaker Python SDK: pip install 'airflow-quota-provider[sagemaker]'"
+        ) from None
+    if not isinstance(model_trainer, ModelTrainer):
+        raise ValueError(f"model_trainer: {type(model_trainer).__name__} is not a sagemaker.train ModelTrainer")
+    if model_trainer.training_mode != Mode.SAGEMAKER_TRAINING_JOB:
+        raise ValueError(
+            f"model_trainer: training_mode {model_trainer.training_mode.name}; AWS Batch queues "
+            "Mode.SAGEMAKER_TRAINING_JOB only"
+        )
+    compute = model_trainer.compute
+    if compute is not None and compute.instance_groups:
+        raise ValueError(
+            "model_trainer: compute.instance_groups (a heterogeneous cluster) cannot be counted in one "
+            "instance type of a quota share; give compute.instance_type and instance_count"
+        )
+    return compute
+
+
+def model_trainer_request(model_trainer: ModelTrainer, inputs: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The CreateTrainingJob request of a ``ModelTrainer`` and its tags, as the SDK's
+    ``TrainingQueue.submit`` builds them: the SDK resolves inputs, uploads source code and fills its
+    defaults, and the request's ``Tags`` become the service job's."""
+    request = model_trainer._create_training_job_args(input_data_config=inputs, boto3=True)
+    tags = {tag["Key"]: tag["Value"] for tag in request.pop("Tags", None) or []}
+    return request, tags
+
+
+def share_fit_error(share: dict[str, Any], instance_type: str, count: int) -> str | None:
+    """Why a job of ``count`` instances of ``instance_type`` could never start in quota ``share`` (as
+    ListQuotaShares returns it), or None. AWS Batch counts a job as InstanceCount units of the share's
+    capacity limit for its instance type; a job of a type no limit names, or of more units than the
+    limit and its borrowLimit allow, waits RUNNABLE for ever."""
+    spec = QuotaShareSpec.from_api(share)
+    limits = dict(spec.capacity_limits)
+    if instance_type not in limits:
+        return (
+            f"quota share {spec.name} has no capacity limit for {instance_type} (its limits: "
+            f"{', '.join(limits) or 'none'}), so the job would never start"
+        )
+    capacity = limits[instance_type]
+    if spec.borrow_limit == UNLIMITED_BORROW:
+        return None
+    ceiling = capacity + capacity * (spec.borrow_limit or 0) // 100
+    if count > ceiling:
+        borrowing = f" with borrowLimit {spec.borrow_limit}%" if spec.borrow_limit else ""
+        return (
+            f"{count} {instance_type} instances exceed quota share {spec.name}'s {capacity}{borrowing} "
+            f"(at most {ceiling}), so the job would never start"
+        )
+    return None
 
 
 class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
@@ -140,12 +207,22 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
 
     :param job_queue: The Batch job queue (name or ARN), of type SAGEMAKER_TRAINING. (templated)
     :param training_job_request: The CreateTrainingJob request, as a dict or JSON string. (templated)
+    :param model_trainer: Instead of ``training_job_request``: a SageMaker Python SDK ``ModelTrainer``
+        (``sagemaker-train`` >= 1.7, extra ``airflow-quota-provider[sagemaker]``) in
+        ``Mode.SAGEMAKER_TRAINING_JOB``. The SDK builds the request when the task runs, as its
+        ``TrainingQueue.submit`` does (inputs, source code upload, the request's tags on the job); this
+        operator submits it, so that the connection, ``clientToken`` and a priority of 0 hold, which
+        ``TrainingQueue.submit`` does not. Its ``compute`` gives the instance type and count.
+    :param inputs: The ModelTrainer's input channels (``TrainingQueue.submit``'s ``inputs``).
     :param nodes: The instances the training job runs on, 1 to ``MAX_NODES``: sets the request's
         ``ResourceConfig.InstanceCount``, which AWS Batch counts as that many units of the quota share.
-        None (default) leaves the request's own. A request naming another InstanceCount is refused when
-        the DAG is parsed, or, if it is templated, when it is rendered, before anything is submitted.
+        None (default) leaves the request's (or the ModelTrainer's ``compute.instance_count``) own. A
+        request naming another InstanceCount is refused when the DAG is parsed, or, if it is templated,
+        when it is rendered, before anything is submitted.
     :param job_name: The service job's name; default ``<dag_id>-<task_id>-<hash>``. (templated)
-    :param quota_share_name: The quota share (the quota file's quota name). (templated)
+    :param quota_share_name: The quota share (the quota file's quota name). (templated) Before a job is
+        submitted, a share whose capacity limits could never hold its instances (no limit for its
+        instance type, or more instances than the limit and its borrowLimit) is refused.
     :param priority: ``schedulingPriority`` 0-9999, higher first (SageMaker SDK name; alias
         ``scheduling_priority``). (templated)
     :param preemption_config: ``{"preemptionRetriesBeforeTermination": N}`` (SageMaker SDK name); or
@@ -182,7 +259,9 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
         self,
         *,
         job_queue: str,
-        training_job_request: dict[str, Any] | str,
+        training_job_request: dict[str, Any] | str | None = None,
+        model_trainer: ModelTrainer | None = None,
+        inputs: Any = None,
         nodes: int | None = None,
         job_name: str | None = None,
         quota_share_name: str | None = None,
@@ -202,11 +281,24 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
         super().__init__(**kwargs)
         if priority is not None and scheduling_priority is not None:
             raise ValueError("give priority or scheduling_priority (the same thing), not both")
+        if (training_job_request is None) == (model_trainer is None):
+            raise ValueError("give one of training_job_request or model_trainer")
+        if inputs is not None and model_trainer is None:
+            raise ValueError("inputs: only with model_trainer; a training_job_request names its InputDataConfig")
         self.job_queue = job_queue
         self.nodes = check_int("nodes", nodes, minimum=1, maximum=MAX_NODES, allow_none=True)
-        if not _has_template(training_job_request):
+        if model_trainer is not None:
+            compute = _model_trainer_compute(model_trainer)
+            count = compute.instance_count if compute is not None else None
+            if self.nodes is not None and count is not None and count != self.nodes:
+                raise ValueError(
+                    f"nodes: {self.nodes} conflicts with model_trainer's compute.instance_count {count}; set one of them"
+                )
+        elif not _has_template(training_job_request):
             _sized_request(training_job_request, self.nodes)  # refused now, not when the task runs
         self.training_job_request = training_job_request
+        self.model_trainer = model_trainer
+        self.inputs = inputs
         self.job_name = job_name
         self.quota_share_name = quota_share_name
         self.priority = priority if priority is not None else scheduling_priority
@@ -226,7 +318,6 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
     # ------------------------------------------------------------------ submit or reattach
     def execute(self, context: Context) -> str:
         ti = context["ti"]
-        request = _sized_request(self.training_job_request, self.nodes)
         key = task_instance_key(ti)
         job_name = self.job_name or default_job_name(ti, key)
         if not _NAME.match(job_name):
@@ -247,7 +338,9 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
             if replaces:
                 self.log.info("The earlier try's service job %s FAILED (%s); submitting a new one.",
                               replaces, earlier.get("statusReason"))
-            self.job_id = self._submit(request, job_name, key, client_token(key, replaces), replaces)
+            request, request_tags = self._request()
+            self._check_share_fits(request)
+            self.job_id = self._submit(request, request_tags, job_name, key, client_token(key, replaces), replaces)
         ti.xcom_push(key=XCOM_JOB_ID, value=self.job_id)
 
         description = self.hook.describe_service_job(self.job_id)
@@ -270,10 +363,38 @@ class SageMakerBatchTrainingOperator(AwsBaseOperator[BatchQuotaShareHook]):
             )
         return self._wait(context)
 
+    def _request(self) -> tuple[dict[str, Any] | str, dict[str, str]]:
+        """The CreateTrainingJob request to submit, sized by ``nodes``, and the tags it carries."""
+        if self.model_trainer is None:
+            return _sized_request(self.training_job_request, self.nodes), {}
+        request, tags = model_trainer_request(self.model_trainer, self.inputs)
+        return _sized_request(request, self.nodes), tags
+
+    def _check_share_fits(self, request: dict[str, Any] | str) -> None:
+        if not self.quota_share_name:
+            return
+        resources = _request_object(request).get("ResourceConfig") or {}
+        if "InstanceType" not in resources:
+            return  # instance groups: counted per group, by AWS
+        shares = {share["quotaShareName"]: share for share in self.hook.list_quota_shares(self.job_queue)}
+        if self.quota_share_name not in shares:
+            return  # SubmitServiceJob names it in its refusal
+        error = share_fit_error(
+            shares[self.quota_share_name], resources["InstanceType"], resources.get("InstanceCount", 1)
+        )
+        if error:
+            raise ValueError(f"quota_share_name: {error} in job queue {self.job_queue}")
+
     def _submit(
-        self, request: dict[str, Any] | str, job_name: str, key: str, token: str, replaces: str | None
+        self,
+        request: dict[str, Any] | str,
+        request_tags: dict[str, str],
+        job_name: str,
+        key: str,
+        token: str,
+        replaces: str | None,
     ) -> str:
-        tags = {**(self.tags or {}), TASK_INSTANCE_TAG: key}
+        tags = {**(self.tags or {}), **request_tags, TASK_INSTANCE_TAG: key}
         try:
             response = self.hook.submit_service_job(
                 job_name=job_name,

@@ -8,6 +8,7 @@ itself is in ``test_batch_training_dag.py``.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import re
 import threading
@@ -411,3 +412,35 @@ def test_nodes_outside_1_to_max_nodes_are_refused_naming_the_range(nodes):
     allowed = rf"^nodes: {re.escape(repr(nodes))} is not an integer from 1 to {MAX_NODES} or None$"
     with pytest.raises(ValueError, match=allowed):
         operator(training_job_request=UNSIZED, nodes=nodes)
+
+
+def test_a_request_of_an_instance_type_the_share_has_no_limit_for_is_refused_before_submitting(queue):
+    request = {**REQUEST, "ResourceConfig": {**REQUEST["ResourceConfig"], "InstanceType": "ml.p5.48xlarge"}}
+    with pytest.raises(ValueError, match=r"^quota_share_name: quota share team-a has no capacity limit for "
+                       r"ml\.p5\.48xlarge \(its limits: ml\.p4d\.24xlarge\), so the job would never start in job "
+                       r"queue gpu-fleet"):
+        operator(training_job_request=request).execute({"ti": RecordingTI()})
+    assert queue.calls_of("SubmitServiceJob") == []
+
+
+def test_more_instances_than_a_share_can_ever_hold_are_refused_before_submitting(queue):
+    # team-a: 2 ml.p4d.24xlarge, borrowing unlimited (the queue fixture's quota file): 4 fit.
+    queue.default_script = ["RUNNING", "SUCCEEDED"]
+    operator(training_job_request=UNSIZED, nodes=4).execute({"ti": RecordingTI()})
+    share = next(s for s in queue.shares.values() if s.name == "team-a")
+    share.resource_sharing = {"strategy": "LEND"}
+    with pytest.raises(ValueError, match=r"4 ml\.p4d\.24xlarge instances exceed quota share team-a's 2 \(at most 2\)"):
+        operator(training_job_request=UNSIZED, nodes=4, task_id="train-2").execute({"ti": RecordingTI(task_id="train-2")})
+    assert len(queue.calls_of("SubmitServiceJob")) == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sagemaker") is not None, reason="the SageMaker SDK is installed")
+def test_a_model_trainer_without_the_sagemaker_sdk_names_the_extra():
+    with pytest.raises(ValueError, match=r"^model_trainer: needs the SageMaker Python SDK: pip install "
+                       r"'airflow-quota-provider\[sagemaker\]'"):
+        SageMakerBatchTrainingOperator(task_id="train", job_queue=JOB_QUEUE, model_trainer=object())
+
+
+def test_inputs_go_with_a_model_trainer_only():
+    with pytest.raises(ValueError, match=r"^inputs: only with model_trainer"):
+        operator(inputs=[{"ChannelName": "train"}])
