@@ -213,3 +213,20 @@ def test_a_typed_plan_applied_through_the_fake_holds_one_limit_per_type_and_plan
         "ml.p5.48xlarge": 2,
         "ml.p4d.24xlarge": 6,
     }
+
+
+def with_file_percentage(capacities: dict, percent: float):
+    wanted = typed_queue(list(capacities), {"name": "team-a", "capacity": capacities, "borrow_limit": f"{percent:g}%"})
+    # The planner reads it with getattr until the policy's Quota keeps the file's percentage.
+    object.__setattr__(wanted.quotas[0], "borrow_limit_percent", percent)
+    return wanted
+
+
+def test_the_files_own_percentage_goes_as_it_is_on_any_capacity():
+    # 50% of 3 H100s is 1 GPU to the local policy (33%), but AWS Batch applies the file's 50% itself.
+    assert quota_share_specs(with_file_percentage({"h100": 3, "a100": 2}, 50.0))[0].borrow_limit == 50
+
+
+def test_a_percentage_with_a_fraction_is_refused():
+    with pytest.raises(PolicyError, match=r"^q\.quotas\[0\]\.borrow_limit: 12\.5%: AWS Batch's borrowLimit is a whole"):
+        quota_share_specs(with_file_percentage({"h100": 8, "a100": 8}, 12.5), path="q")
