@@ -25,7 +25,9 @@ How a callable learns that it is preempted (``on_preempt``):
 Once preemption was requested, the run ends as ``UP_FOR_RESCHEDULE`` (no retry used, same
 ``try_number``) however the callable ends. The callable also sees ``QUOTA_CHECKPOINT_DIR``,
 ``QUOTA_RESUME_FROM`` and ``QUOTA_PREEMPTION_COUNT`` in ``os.environ``, and ``CUDA_VISIBLE_DEVICES``
-as set by the executor. :func:`current_quota_run` returns the same object as ``quota``.
+(and in a job queue with GPU types ``QUOTA_GPU_TYPE``, the type it got: ``gpu_type`` asks for one or
+several in order of preference) as set by the executor. :func:`current_quota_run` returns the same
+object as ``quota``.
 
 A task on several hosts (``nodes`` > 1) is refused when the DAG is parsed: the gang's other nodes
 are not Airflow tasks and run node 0's command, and a Python callable is none; use
@@ -93,6 +95,7 @@ class _QuotaDecoratedOperator(QuotaTaskMixin, DecoratedOperator, PythonOperator)
         quota: str,
         gpus: int = 1,
         nodes: int = 1,
+        gpu_type: str | Sequence[str] | None = None,
         priority: int = 0,
         checkpoint_dir: str | None = None,
         max_preemptions: int | None = None,
@@ -105,7 +108,7 @@ class _QuotaDecoratedOperator(QuotaTaskMixin, DecoratedOperator, PythonOperator)
     ) -> None:
         _check_on_preempt(on_preempt)
         _check_one_host(nodes)  # also for .override(nodes=...), which skips quota_task
-        quota_args = {"quota": quota, "gpus": gpus, "nodes": nodes, "priority": priority,
+        quota_args = {"quota": quota, "gpus": gpus, "nodes": nodes, "gpu_type": gpu_type, "priority": priority,
                       "max_preemptions": max_preemptions, "grace_period": grace_period, "preemptible": preemptible,
                       "expected_runtime": expected_runtime}  # fmt: skip
         kwargs_to_upstream = {"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs}

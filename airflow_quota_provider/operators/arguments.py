@@ -6,17 +6,18 @@ hosts (``gpus`` x ``nodes`` is its ``pool_slots``: the quota counts every node's
 ``priority`` (its ``priority_weight``, with ``weight_rule="absolute"``) and is routed to the
 QuotaExecutor (``executor="quota"``). Its other settings travel in ``executor_config["quota"]``
 (:class:`~airflow_quota_provider.protocol.QuotaTaskConfig`), with ``gpus`` and ``nodes`` for a job
-on more than one host, so that the executor can tell the GPUs per host from the total.
+on more than one host, so that the executor can tell the GPUs per host from the total, and
+``gpu_type`` when the task asks for GPU types.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY, MAX_NODES, QuotaTaskConfig
+from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY, MAX_NODES, QuotaTaskConfig, gpu_types
 
 #: Executor alias the tasks are routed to; configure ``[core] executor`` with
 #: ``quota:airflow_quota_provider.executors.quota_executor.QuotaExecutor``.
@@ -56,6 +57,11 @@ def positive_seconds(field_name: str, value: Any) -> float | None:
     return float(value)
 
 
+def check_gpu_type(value: Any) -> tuple[str, ...]:
+    """``gpu_type``: a GPU type, or a list of them in order of preference; None: any type."""
+    return gpu_types("gpu_type", value, lambda name, v, allowed: QuotaTaskArgumentError(name, f"{v!r} is not {allowed} or None"))
+
+
 def quota_operator_kwargs(
     *,
     quota: str,
@@ -68,6 +74,7 @@ def quota_operator_kwargs(
     kwargs: dict[str, Any],
     expected_runtime: float | timedelta | None = None,
     nodes: int = 1,
+    gpu_type: str | Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """
     Validate the quota arguments and return the ``BaseOperator`` keyword arguments they map to.
@@ -84,6 +91,7 @@ def quota_operator_kwargs(
     check_int("nodes", nodes, minimum=1, maximum=MAX_NODES)
     check_int("priority", priority, minimum=0)
     check_int("max_preemptions", max_preemptions, minimum=0, allow_none=True)
+    types = check_gpu_type(gpu_type)
     grace_period_s = positive_seconds("grace_period", grace_period)
     if not isinstance(preemptible, bool):
         raise QuotaTaskArgumentError("preemptible", f"{preemptible!r} is not True or False")
@@ -117,6 +125,7 @@ def quota_operator_kwargs(
         # only for a gang, so that a job on one host stores what it always did
         gpus=gpus if nodes > 1 else None,
         nodes=nodes if nodes > 1 else None,
+        gpu_type=types,
     ).to_dict()
     executor_config = kwargs.get("executor_config") or {}
     if not isinstance(executor_config, Mapping):
@@ -124,7 +133,8 @@ def quota_operator_kwargs(
     if executor_config.get(EXECUTOR_CONFIG_KEY, extras) != extras:
         raise QuotaTaskArgumentError(
             f"executor_config.{EXECUTOR_CONFIG_KEY}",
-            "is set by the quota arguments (preemptible, max_preemptions, grace_period, expected_runtime); remove it",
+            "is set by the quota arguments (preemptible, max_preemptions, grace_period, expected_runtime, gpu_type); "
+            "remove it",
         )
     return {
         **kwargs,
@@ -142,6 +152,7 @@ _QUOTA_ARG_DEFAULTS: dict[str, Any] = {
     "max_preemptions": None,
     "grace_period": None,
     "expected_runtime": None,
+    "gpu_type": None,
 }
 
 

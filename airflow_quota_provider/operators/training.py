@@ -75,12 +75,14 @@ class QuotaTaskMixin:
         preemptible: bool,
         expected_runtime: float | timedelta | None = None,
         nodes: int = 1,
+        gpu_type: str | Sequence[str] | None = None,
     ) -> None:
         if checkpoint_dir is not None and not isinstance(checkpoint_dir, str):
             raise QuotaTaskArgumentError("checkpoint_dir", f"{checkpoint_dir!r} is not a path string or None")
         self.quota = quota
         self.gpus = gpus
         self.nodes = nodes
+        self.gpu_type = gpu_type
         self.priority = priority
         self.checkpoint_dir = checkpoint_dir
         self.max_preemptions = max_preemptions
@@ -152,6 +154,10 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
         ``cwd`` and its ``QUOTA_*`` variables, as the XCom ``quota_gang``, from which the executor
         starts the other nodes; when one of them fails, node 0's command is stopped as for a
         preemption and the task fails (Airflow may retry it).
+    :param gpu_type: the GPU type the task runs on (``"h100"``), or a list of them in order of
+        preference, in a job queue whose capacity is per GPU type; None (default): any of the queue's
+        types, the first with room in the queue's order. A type the queue lacks fails the task,
+        naming the queue's types. The command sees the type it got as ``QUOTA_GPU_TYPE``.
     :param priority: priority within and across quotas (its ``priority_weight``, absolute), >= 0;
         higher wins.
     :param checkpoint_dir: where the task's checkpoints live. Templated. A local path (a shared
@@ -196,6 +202,7 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
         quota: str,
         gpus: int = 1,
         nodes: int = 1,
+        gpu_type: str | Sequence[str] | None = None,
         priority: int = 0,
         checkpoint_dir: str | None = None,
         max_preemptions: int | None = None,
@@ -216,7 +223,7 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
             raise QuotaTaskArgumentError("command", f"{command!r} is not a string or a non-empty list of strings")
         if env is not None and not isinstance(env, Mapping):
             raise QuotaTaskArgumentError("env", f"{env!r} is not a dict of strings or None")
-        quota_args = {"quota": quota, "gpus": gpus, "nodes": nodes, "priority": priority,
+        quota_args = {"quota": quota, "gpus": gpus, "nodes": nodes, "gpu_type": gpu_type, "priority": priority,
                       "max_preemptions": max_preemptions, "grace_period": grace_period, "preemptible": preemptible,
                       "expected_runtime": expected_runtime}  # fmt: skip
         super().__init__(**quota_operator_kwargs(**quota_args, executor=executor, kwargs=kwargs))

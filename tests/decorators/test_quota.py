@@ -43,6 +43,17 @@ def test_decorated_task_gets_quota_pool_priority_and_executor_config():
     }
 
 
+def test_a_decorated_task_asks_for_gpu_types_in_its_executor_config():
+    with DAG("deco_typed"):
+
+        @quota_task(quota="inference", gpu_type=["l4", "a100"])
+        def score(quota=None):
+            return 1
+
+        op = score().operator
+    assert op.executor_config[EXECUTOR_CONFIG_KEY]["gpu_type"] == ["l4", "a100"]
+
+
 GANG_REFUSED = r"^nodes: 2 is not 1; nodes > 1 needs a command every host runs: use QuotaTrainingOperator$"
 
 
@@ -90,6 +101,8 @@ def test_mapped_decorated_task_knows_its_quota_pool_before_unmapping():
         pytest.param({"nodes": 0}, "nodes", id="zero nodes"),
         pytest.param({"nodes": 2000}, "nodes", id="more nodes than the bound"),
         pytest.param({"priority": "high"}, "priority", id="priority not an integer"),
+        pytest.param({"gpu_type": []}, "gpu_type", id="no GPU type in a list"),
+        pytest.param({"gpu_type": 4}, "gpu_type", id="a GPU type that is a number"),
     ],
 )
 def test_bad_decorator_argument_names_the_field(kwargs, field):

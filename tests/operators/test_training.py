@@ -107,6 +107,23 @@ def test_a_gang_counts_every_nodes_gpus_and_tells_the_executor_its_gpus_per_host
     }
 
 
+@pytest.mark.parametrize(("gpu_type", "written"), [("h100", "h100"), (["h100", "a100"], ["h100", "a100"]), (("l4",), "l4")])
+def test_a_gpu_type_travels_to_the_executor_as_given(gpu_type, written):
+    op = QuotaTrainingOperator(task_id="train", quota="team-a", command="python train.py", gpu_type=gpu_type)
+    assert op.executor_config[EXECUTOR_CONFIG_KEY]["gpu_type"] == written
+    assert "gpu_type" not in QuotaTrainingOperator(task_id="t", quota="team-a", command="true").executor_config[EXECUTOR_CONFIG_KEY]
+
+
+def test_a_mapped_task_knows_its_gpu_type_before_unmapping():
+    from airflow.sdk import DAG
+
+    with DAG("mapped_typed"):
+        mapped = QuotaTrainingOperator.partial(task_id="sweep", quota="team-b", gpu_type=["a100", "l4"]).expand(
+            command=["a", "b"]
+        )
+    assert mapped.executor_config[EXECUTOR_CONFIG_KEY]["gpu_type"] == ["a100", "l4"]
+
+
 def test_an_expected_runtime_travels_to_the_executor_and_overrides_the_history():
     op = QuotaTrainingOperator(
         task_id="train", quota="team-a", command="python train.py", expected_runtime=timedelta(minutes=30)
@@ -128,6 +145,17 @@ def test_an_expected_runtime_travels_to_the_executor_and_overrides_the_history()
         pytest.param({"nodes": "4"}, "nodes", "'4' is not an integer", id="nodes as a string"),
         pytest.param({"nodes": True}, "nodes", "True is not an integer", id="boolean nodes"),
         pytest.param({"priority": -5}, "priority", "-5 is not an integer >= 0", id="negative priority"),
+        *(
+            pytest.param(
+                {"gpu_type": value},
+                "gpu_type",
+                f"{value!r} is not a GPU type name (letters, digits, '.', '-', '_', at most 64) or a non-empty list "
+                "of distinct ones or None",
+                id=f"gpu_type {why}",
+            )
+            for value, why in (([], "an empty list"), ("", "empty"), (["h100", "h100"], "a type twice"),
+                               (100, "a number"), ("h100 sxm", "with a space"), ({"h100": 1}, "a mapping"))
+        ),
         pytest.param({"quota": ""}, "quota", "is not a quota name", id="empty quota"),
         pytest.param({"quota": "team a"}, "quota", "'team a' is not a quota name", id="quota with a space"),
         pytest.param({"max_preemptions": -1}, "max_preemptions", "or None", id="negative max_preemptions"),
