@@ -33,6 +33,7 @@ from airflow.models.xcom import XComModel
 from airflow.utils.state import TaskInstanceState
 from airflow_quota_provider.executors.launcher import Liveness
 from airflow_quota_provider.executors.task_instances import fail_ti, set_ti_state
+from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.gang import GangNode, GangState
 from airflow_quota_provider.protocol import (
     ENV_MASTER_PORT,
@@ -235,6 +236,7 @@ class Gangs:
         supervisor then ends it), every node is killed; it is settled once none runs."""
         gang.ending, gang.start_failed = why, start_failed
         gang.save(job)
+        transitions.end_gang(job)
         set_ti_state(job, TaskInstanceState.UP_FOR_RESCHEDULE, from_states=[TaskInstanceState.RUNNING, TaskInstanceState.QUEUED], session=session)
         for handle in [job.handle, *gang.member_handles().values()]:
             if handle:

@@ -187,6 +187,15 @@ def begin_stop(
         record_event(EventKind.PREEMPTION_LIMIT_REACHED, job=job, session=session, message=fail_message, **fields)
 
 
+def end_gang(job: QuotaJob) -> None:
+    """running -> stopping: the executor ends a gang (a node's host lost, a node not started) and sends
+    its task instance back to the queue. It holds its devices until none of its nodes runs, then goes
+    back in line as an eviction does (:func:`evict`): no preemption counted, no retry used. Stopping,
+    not running: Airflow may queue its task again before then, and a running job refuses that."""
+    _require(job, "end the gang of", JobState.RUNNING)
+    job.state = JobState.STOPPING.value
+
+
 def force_stop(job: QuotaJob, *, target: str, now: float, session: Session) -> None:
     """A stopping job past its grace period had its task instance set to ``target``."""
     _require(job, "force the stop of", JobState.STOPPING)

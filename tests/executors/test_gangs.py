@@ -237,13 +237,21 @@ def test_a_lost_member_host_ends_the_gang_which_waits_at_its_place_without_a_ret
 
     assert parts.reconciler.watch_gangs(parts.cycle())
     assert _ti_state(db, job) == TaskInstanceState.UP_FOR_RESCHEDULE, "node 0's supervisor ends its task"
-    assert job.state == JobState.RUNNING.value, "node 0 still runs"
+    assert job.state == JobState.STOPPING.value, "node 0 still runs"
+    # Airflow queues the task again before node 0 is gone: the job takes it, stopping (it crashed the
+    # scheduler while the job said running).
+    db.execute(update(TaskInstance).where(TaskInstance.task_id == job.task_id).values(state=TaskInstanceState.QUEUED))
+    transitions.submit(
+        job, workload=job.workload, ti_id=job.ti_id, quota="team-a", gpus=4, nodes=2, priority=1, preemptible=True,
+        max_preemptions=None, grace_period_s=None, expected_runtime_s=None, now=time.time(), session=db,
+    )
+    assert job.state == JobState.STOPPING.value
     end_launch(job.handle, rc=0, session=db)
     assert parts.reconciler.watch_launches(parts.cycle())
     assert (job.state, job.pending_reason) == (
-        JobState.PREEMPTED.value,
+        JobState.PENDING.value,
         f"evicted (gang ended: node 1 of 2 on host {member_host} lost); waiting to be queued again",
-    )
+    ), "queued again already: it waits at its place"
     assert preemption_count("d", "r", "pretrain", -1, session=db) == 0
     assert GangState.of(job).not_before is None, "a lost host is no failed start: no backoff"
 

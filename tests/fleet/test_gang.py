@@ -65,3 +65,25 @@ def test_a_node_that_fails_stops_the_other_and_the_task_fails_naming_it(fleet):
     assert f"gang stopped: node 1 of 2 on host {member_host} exited with code 3" in log.read_text()
     assert fleet.sql("SELECT count(*) AS n FROM quota_job WHERE dag_id='gang_node_fails' AND state='finished'")[0]["n"] == 1
     assert_no_device_held_twice(fleet)
+
+
+def test_a_gang_whose_member_host_dies_is_evicted_as_one_and_runs_again_on_live_hosts(fleet):
+    run = fleet.trigger("gang_host_loss")
+    starts = wait_for(lambda: [r for r in fleet.task_records() if r.get("name") == "pair" and r["event"] == "start"]
+                      if len([r for r in fleet.task_records() if r.get("name") == "pair"]) == 2 else None,
+                      "both nodes of the gang to start", timeout=240, on_timeout=lambda: fleet.tail("scheduler"))
+    doomed = next(r["host"] for r in starts if r["node"] == "1")
+    fleet.kill_host(doomed)
+    try:
+        assert fleet.wait_run("gang_host_loss", run, timeout=400) == "success", fleet.tail("scheduler")
+        (ti,) = fleet.tis("gang_host_loss", run).values()
+        assert (ti["state"], ti["try_number"]) == ("success", 1), "no retry used"
+        (evicted,) = fleet.events("evicted", dag_id="gang_host_loss")
+        assert f"gang ended: node 1 of 2 on host {doomed} lost" in evicted["message"]
+        assert fleet.sql("SELECT count(*) AS n FROM quota_preemption_count WHERE dag_id='gang_host_loss'")[0]["n"] == 0
+        again = [r for r in fleet.task_records() if r.get("name") == "pair" and r["event"] == "start"][2:]
+        assert sorted(r["node"] for r in again) == ["0", "1"] and doomed not in {r["host"] for r in again}, again
+        assert_no_device_held_twice(fleet)
+    finally:
+        fleet.start_worker(doomed)  # the host comes back for the tests after this one
+        wait_for(lambda: not fleet.sql("SELECT 1 FROM quota_host WHERE state = 'lost'"), f"{doomed} to rejoin", timeout=120)

@@ -83,3 +83,13 @@ with DAG("gang_node_fails", schedule=None, start_date=START, catchup=False):
         task_id="split", quota="team-a", gpus=1, nodes=2, retries=0,
         command='if [ "$QUOTA_NODE_RANK" = 1 ]; then sleep 2; exit 3; fi; sleep 600',
     )
+
+# A gang whose member's host dies: both nodes record their start and sleep; the gang is evicted as one.
+GANG_SLEEP = (
+    "import json, os, time; line = {'t': time.time(), 'event': 'start', 'name': 'pair', "
+    "'node': os.environ['QUOTA_NODE_RANK'], 'host': os.environ['QUOTA_HOST']}; "
+    "open(os.path.join(os.environ['QUOTA_TEST_RECORDS'], f'cmd-{os.getpid()}.jsonl'), 'a').write(json.dumps(line) + '\\n'); "
+    "time.sleep(15)"
+)
+with DAG("gang_host_loss", schedule=None, start_date=START, catchup=False):
+    QuotaTrainingOperator(task_id="pair", quota="team-a", gpus=1, nodes=2, command=[sys.executable, "-c", GANG_SLEEP])
