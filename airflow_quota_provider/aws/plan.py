@@ -155,8 +155,7 @@ def type_capacity_limits(queue: Queue, *, path: str = "queue") -> list[QuotaShar
     """The quota shares of a queue with GPU types: every share has one capacity limit per type of the
     queue (0 where the quota has none of it, so that it may still borrow that type), in the instance
     type ``instance_types`` maps it to, and one ``borrowLimit`` for all of them (:func:`_type_borrow_limit`)."""
-    # Parsed by the policy's Queue once it carries ``instance_types`` ({GPU type: instance type}).
-    instance_types = getattr(queue, "instance_types", None) or {}
+    instance_types = queue.instance_types
     names = [gpu_type.name for gpu_type in queue.types]
     if len(names) > MAX_CAPACITY_LIMITS_PER_SHARE:
         raise PolicyError(
@@ -198,7 +197,7 @@ def _type_borrow_limit(quota: Quota, per_type: dict[str, Quota], path: str) -> i
     refused, naming the types that differ.
     """
     # Kept by the policy's Quota once it carries the file's percentage; else read from each type's limit.
-    percent = getattr(quota, "borrow_limit_percent", None)
+    percent = quota.borrow_limit_percent
     if percent is not None:
         if percent != int(percent):
             raise PolicyError(path, f"{percent:g}%: AWS Batch's borrowLimit is a whole percentage")

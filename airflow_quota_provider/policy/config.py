@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,10 @@ class Quota:
     teams: tuple[str, ...] = ()
     cohort: str | None = None
     """The cohort it belongs to (DESIGN §2, hierarchical cohorts); None: the job queue's root."""
+    borrow_limit_percent: float | None = None
+    """A quota of a job queue with GPU types whose ``borrow_limit`` the file gives as a percentage of
+    each type's capacity: that percentage, as AWS Batch takes it (``borrow_limit`` is each type's
+    GPUs, rounded down)."""
 
     # Cached: the quota arithmetic asks these on every check of a decision cycle.
     @cached_property
@@ -125,6 +129,8 @@ class Queue:
     """GPU types (:mod:`.types`), in the queue's order of preference; then ``capacity``, ``quotas``'
     and ``cohorts``' capacities and limits are sums over the types. Empty: one untyped kind."""
     fungibility: Fungibility = Fungibility()
+    instance_types: dict[str, str] = field(default_factory=dict, hash=False)
+    """GPU type -> the instance type AWS Batch counts it in (a quota share's capacity limits)."""
 
     def quota(self, name: str) -> Quota:
         for quota in self.quotas:
@@ -364,6 +370,7 @@ def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QU
         name = parse_name(queue_fields)
         capacity_unit = queue_fields.str("capacity_unit", None)
         capacity, quotas, cohorts, types, fungibility = parse_queue_body(queue_fields, path, max_quotas=max_quotas_per_queue)
+        instance_types = _parse_instance_types(queue_fields, types)
         queue_fields.done()
         if any(q.name == name for q in queues):
             raise PolicyError(queue_fields.child("name"), f"duplicate job queue name {name!r}")
@@ -378,7 +385,7 @@ def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QU
                     raise PolicyError(f"{quota_path}.teams", f"team {team!r} is already mapped at {team_paths[team]}")
                 team_paths[team] = quota_path
         queues.append(Queue(name=name, capacity=capacity, quotas=quotas, capacity_unit=capacity_unit, cohorts=cohorts,
-                            types=types, fungibility=fungibility))
+                            types=types, fungibility=fungibility, instance_types=instance_types))
     fields.done()
     return QuotaFile(queues=tuple(queues))
 
@@ -421,6 +428,25 @@ def parse_queue_body(
     return total, quotas, cohorts, tuple(types), fungibility
 
 
+def _parse_instance_types(fields: Fields, types: tuple[GpuType, ...]) -> dict[str, str]:
+    """A job queue's ``instance_types``: the instance type AWS Batch counts each GPU type in."""
+    raw = fields.raw("instance_types", None)
+    if raw is None:
+        return {}
+    path = fields.child("instance_types")
+    names = [t.name for t in types]
+    if not names:
+        raise PolicyError(path, "only for a job queue whose capacity is per GPU type")
+    if not isinstance(raw, dict):
+        raise PolicyError(path, f"expected a mapping {{GPU type: instance type}}, got {shorten(raw)}")
+    for key, value in raw.items():
+        if key not in names:
+            raise PolicyError(f"{path}.{key}", f"{key!r} is not one of the job queue's GPU types {', '.join(names)}")
+        if not isinstance(value, str) or not value.strip():
+            raise PolicyError(f"{path}.{key}", f"expected an instance type such as ml.p5.48xlarge, got {shorten(value)}")
+    return dict(raw)
+
+
 def _typed_entries(items: list[tuple[Any, str]], capacities: dict[str, int], parse: Callable, what: str):
     """Quotas (or cohorts) of a queue with GPU types: per type, each entry with that type's capacity
     and limits; and each entry with their sums (what is shown where types do not matter)."""
@@ -441,7 +467,11 @@ def _typed_entries(items: list[tuple[Any, str]], capacities: dict[str, int], par
             except PolicyError as e:
                 raise PolicyError(e.path, f"{e.message} (GPU type {name})") from None
         sums = {key: None if None in limit.values() else sum(limit.values()) for key, limit in limits.items()}
-        summed.append(parse({**item, "capacity": sum(own.values()), **sums}, item_path))
+        entry = parse({**item, "capacity": sum(own.values()), **sums}, item_path)
+        percent = item.get("borrow_limit")
+        if isinstance(percent, str) and isinstance(entry, Quota):  # typed_value checked it: "N%"
+            entry = replace(entry, borrow_limit_percent=float(percent[:-1]))
+        summed.append(entry)
     return {name: tuple(entries) for name, entries in by_type.items()}, tuple(summed)
 
 

@@ -97,12 +97,9 @@ INSTANCE_TYPES = {
 
 def typed_queue(types: list[str], *quotas: dict, instance_types: dict | None = None):
     """A queue of 8 GPUs per type; ``instance_types`` defaults to an instance type for each."""
-    spec = {"name": "training", "capacity": {name: 8 for name in types}, "quotas": list(quotas)}
-    parsed = parse_quota_file({"queues": [spec]}).queues[0]
-    # The planner reads the queue's instance_types with getattr until the policy's Queue parses it.
     mapping = {name: INSTANCE_TYPES[name] for name in types} if instance_types is None else instance_types
-    object.__setattr__(parsed, "instance_types", mapping)
-    return parsed
+    spec = {"name": "training", "capacity": {name: 8 for name in types}, "quotas": list(quotas), "instance_types": mapping}
+    return parse_quota_file({"queues": [spec]}).queues[0]
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 5])
@@ -121,8 +118,7 @@ def test_a_typed_queue_gives_each_share_one_capacity_limit_per_type(count):
 def test_six_capacity_limits_are_refused_naming_the_types():
     five = typed_queue(list(INSTANCE_TYPES)[:5], {"name": "team-a", "capacity": {"h100": 8}})
     extra = GpuType("v100", 8, tuple(replace(q, capacity=0) for q in five.types[0].quotas))
-    six = replace(five, types=(*five.types, extra))
-    object.__setattr__(six, "instance_types", INSTANCE_TYPES)
+    six = replace(five, types=(*five.types, extra), instance_types=INSTANCE_TYPES)
 
     with pytest.raises(PolicyError, match=r"^q\.capacity: 6 GPU types \(h100, a100, l4, l40s, a10g, v100\); an AWS "
                        r"Batch quota share holds at most 5 capacity limits"):
@@ -216,10 +212,7 @@ def test_a_typed_plan_applied_through_the_fake_holds_one_limit_per_type_and_plan
 
 
 def with_file_percentage(capacities: dict, percent: float):
-    wanted = typed_queue(list(capacities), {"name": "team-a", "capacity": capacities, "borrow_limit": f"{percent:g}%"})
-    # The planner reads it with getattr until the policy's Quota keeps the file's percentage.
-    object.__setattr__(wanted.quotas[0], "borrow_limit_percent", percent)
-    return wanted
+    return typed_queue(list(capacities), {"name": "team-a", "capacity": capacities, "borrow_limit": f"{percent:g}%"})
 
 
 def test_the_files_own_percentage_goes_as_it_is_on_any_capacity():

@@ -236,3 +236,15 @@ def test_no_type_and_no_quota_of_a_type_ever_holds_more_than_it_may_and_jobs_run
                                           (t.capacity if quota.borrow_limit is None else quota.borrow_limit))
                 assert per_quota.get((t.name, quota.name), 0) <= limit, (t.name, quota.name, per_quota)
         rnd.shuffle(pending)
+
+
+def test_instance_types_name_each_type_of_a_typed_queue_and_only_there():
+    data = {"name": "q", "capacity": {"h100": 8}, "quotas": [{"name": "a", "capacity": {"h100": 8}, "borrow_limit": "50%"}],
+            "instance_types": {"h100": "ml.p5.48xlarge"}}
+    q = parse_quota_file({"queues": [data]}).queues[0]
+    assert (q.instance_types, q.quotas[0].borrow_limit_percent) == ({"h100": "ml.p5.48xlarge"}, 50.0)
+    with pytest.raises(PolicyError, match=r"queues\[0\]\.instance_types\.l4: 'l4' is not one of the job queue's GPU types h100"):
+        parse_quota_file({"queues": [{**data, "instance_types": {"l4": "ml.g6.48xlarge"}}]})
+    with pytest.raises(PolicyError, match="only for a job queue whose capacity is per GPU type"):
+        parse_quota_file({"queues": [{"name": "q", "capacity": 8, "quotas": [{"name": "a", "capacity": 8}],
+                                      "instance_types": {"h100": "ml.p5.48xlarge"}}]})
