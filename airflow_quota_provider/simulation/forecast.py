@@ -128,7 +128,7 @@ class Forecast:
         del self.attempt[job_id]
         if requeue:
             self.backlog.add(replace(job, started_at=None, last_checkpoint_at=None, preempted_for=None, host=None,
-                                     preemptions=job.preemptions + 1))
+                                     hosts=(), gpu_type=None, preemptions=job.preemptions + 1))
         if self.backlog:
             self._mark()
 
@@ -137,8 +137,7 @@ class Forecast:
         self.decide_at = None
         if not self.backlog:
             return
-        state = State(capacity=self.state.capacity, quotas=self.state.quotas, running=self.running,
-                      pending=self.backlog, hosts=self.state.hosts, cohorts=self.state.cohorts)
+        state = replace(self.state, running=self.running, pending=self.backlog)
         decision = decide(state, now, explain=False)
         self.decisions += 1
         for rejection in decision.reject:
@@ -150,7 +149,10 @@ class Forecast:
             grace = grace_period_of(victim, self.quotas[victim.quota])
             self._at(now + grace, _FREE, self._free, victim.id, attempt, not preemption.fail)
         for job_id in decision.admit:
-            job = replace(self.backlog.remove(job_id), started_at=now, host=decision.hosts.get(job_id))
+            where = decision.hosts.get(job_id)  # a gang's: its nodes' hosts, node 0's first
+            hosts = () if where is None or isinstance(where, str) else tuple(where)
+            job = replace(self.backlog.remove(job_id), started_at=now, host=hosts[0] if hosts else where,
+                          hosts=hosts, gpu_type=decision.types.get(job_id))
             self.running.add(job)
             attempt = self.attempt[job_id] = next(self.attempts)
             if job_id in self.starts and self.starts[job_id] is None:

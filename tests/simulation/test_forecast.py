@@ -157,3 +157,22 @@ def test_estimates_match_what_then_happened_in_a_replay():
         if hold.start >= at:
             started.setdefault(hold.job, hold.start)
     assert estimates == {job_id: started[job_id] for job_id in estimates}
+
+
+def test_a_typed_queue_and_a_gang_are_forecast_with_their_type_and_hosts():
+    """The forecast decides as the executor does: on a typed queue each admission gets its type, and
+    a gang its nodes' hosts; jobs waiting behind them get estimates from their ends."""
+    from airflow_quota_provider.policy import Host, Job, State
+    from airflow_quota_provider.policy.config import parse_quota_file
+
+    q = parse_quota_file({"queues": [{"name": "q", "capacity": {"h100": 8, "a100": 4}, "quotas": [
+        {"name": "a", "capacity": {"h100": 8, "a100": 4}, "sharing": "reserve"}]}]}).queues[0]
+    hosts = [Host("h-1", 4, type="h100"), Host("h-2", 4, type="h100"), Host("a-1", 4, type="a100")]
+    running = [Job(id="r", quota="a", gpus=4, priority=1, submitted_at=0, started_at=NOW - 10, expected_runtime_s=110,
+                   host="a-1", gpu_type="a100")]
+    pending = [Job(id="gang", quota="a", gpus=8, nodes=2, priority=5, submitted_at=1, expected_runtime_s=500, gpu_types=("h100",)),
+               Job(id="next", quota="a", gpus=4, priority=1, submitted_at=2, expected_runtime_s=50, gpu_types=("h100", "a100")),
+               Job(id="after", quota="a", gpus=4, priority=1, submitted_at=3, expected_runtime_s=50, gpu_types=("h100",))]
+    starts = exact(State.for_queue(q, running, pending, hosts))
+    # The gang takes both h100 hosts now; next waits for the a100 job (ends at 1100); after for the gang.
+    assert starts == {"gang": NOW, "next": 1100.0, "after": 1500.0}
