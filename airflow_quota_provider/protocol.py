@@ -215,8 +215,9 @@ class QuotaTaskConfig:
         ``priority`` and ``max_preemptions`` from 0, each within the job table's integers, and
         ``grace_period_s`` a finite number of seconds > 0; so does a ``quota`` name longer than the
         job table's 128 characters, a ``gpu_type`` other than a GPU type name or a non-empty list of
-        them, and a ``preemptible`` other than true or false (``"false"`` is false). A number may be written as a string (``"2"`` is 2) and an integer as a whole float
-        (``2.0``); a bool is not a number."""
+        them, and a ``preemptible`` other than true or false (``"false"`` is false). A number may be
+        written as a string (``"2"`` is 2) and an integer as a whole float (``2.0``); a bool is not a
+        number."""
         extras = executor_config.get(EXECUTOR_CONFIG_KEY) if isinstance(executor_config, Mapping) else None
         if not isinstance(extras, Mapping):
             extras = {}
@@ -255,7 +256,7 @@ def _quota(value: Any) -> str | None:
     return name
 
 
-_GPU_TYPE = re.compile(rf"\A[A-Za-z0-9._-]{{1,{_GPU_TYPE_MAX}}}\Z")
+GPU_TYPE_NAME = re.compile(rf"\A[A-Za-z0-9._-]{{1,{_GPU_TYPE_MAX}}}\Z")
 """A GPU type's name, as the quota file allows it."""
 
 
@@ -268,7 +269,7 @@ def gpu_types(name: str, value: Any, error: Callable[[str, Any, str], Exception]
     names = [value] if isinstance(value, str) else value
     if (
         isinstance(names, list | tuple) and names and len(set(names)) == len(names)
-        and all(isinstance(n, str) and _GPU_TYPE.match(n) for n in names)
+        and all(isinstance(n, str) and GPU_TYPE_NAME.match(n) for n in names)
     ):
         return tuple(names)
     raise error(

@@ -164,7 +164,9 @@ def local_gpu_type(devices: Sequence[str], source: str) -> str | None:
     configured = conf.get("quota", "gpu_type", fallback="").strip()
     if configured:
         if not GPU_TYPE_NAME.match(configured):
-            raise ValueError(f"[quota] gpu_type: {configured!r} is not a GPU type name (letters, digits, '.', '-', '_', at most 64)")
+            raise ValueError(
+                f"[quota] gpu_type: {configured!r} is not a GPU type name (letters, digits, '.', '-', '_', at most 64)"
+            )
         return configured
     return None if source == VIRTUAL_GPUS else machine_gpu_type(devices, nvidia_smi_gpus())
 

@@ -193,3 +193,13 @@ def test_the_local_launcher_runs_a_queue_of_its_machines_type(tmp_path):
     config = QuotaConfig(str(tmp_path / "quotas.yaml"), ["0", "1"], gpu_type="h100", pools=dict)
     launcher = LocalLauncher(tmp_path / "state", config.devices, gpu_type=config.gpu_type, cgroups=False)
     assert [(h.queue, h.devices, h.gpu_type) for h in launcher.hosts(config.quota_file, session=None)] == [("q", ("0", "1"), "h100")]
+
+
+def test_a_scheduler_on_the_local_launcher_takes_its_type_from_the_config_and_refuses_to_start_without(
+    executor_for, monkeypatch
+):
+    monkeypatch.setenv("AIRFLOW__QUOTA__VIRTUAL_GPUS", "2")
+    with pytest.raises(SystemExit, match=re.escape("the local launcher needs [quota] gpu_type")):
+        executor_for(ONE_TYPE)
+    monkeypatch.setenv("AIRFLOW__QUOTA__GPU_TYPE", "h100")
+    assert executor_for(ONE_TYPE).config.gpu_type == "h100"
