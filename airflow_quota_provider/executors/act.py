@@ -150,12 +150,13 @@ class Actor:
         transitions.admit(job, host=host, devices=devices, now=cycle.now, by=by, gang=gang, gpu_type=gpu_type, session=session)
         key = (gpu_type, job.quota)
         in_use[key] = in_use.get(key, 0) + job.gpus
-        of_type = next((t for t in queue.queue.types if t.name == gpu_type), queue.queue)  # a typed quota lends per type
+        of_type = next((t for t in queue.queue.types if t.name == gpu_type), queue.queue)  # a typed quota's is per type
         capacity = of_type.quota(job.quota).capacity
         if in_use[key] > capacity:
+            gpus = f"{gpu_type} GPUs" if gpu_type else "GPUs"
             record_event(
                 EventKind.BORROWED, job=job, session=session, host=host, devices=",".join(devices),
-                message=f"quota {job.quota} uses {in_use[key]} of its {capacity}" + (f" {gpu_type}" if gpu_type else "") + " GPUs",
+                message=f"quota {job.quota} uses {in_use[key]} of its {capacity} {gpus}",
             )
         return True
 

@@ -128,6 +128,14 @@ def test_a_job_waits_for_its_type_while_the_other_type_has_room(db, parts, execu
     assert waiting.pending_reason.startswith("h100: quota team-a full: 1/1 GPUs"), waiting.pending_reason
 
 
+def test_a_job_borrowing_on_its_type_is_recorded_with_that_types_capacity(db, parts, executor):
+    own, borrower = _asks(db, executor, "own", "h100"), _asks(db, executor, "borrower", "h100")
+    parts.decide_and_act()
+    assert [(j.host, j.gpu_type) for j in (own, borrower)] == [("types-h100", "h100")] * 2
+    (borrowed,) = db.scalars(select(QuotaEvent.message).where(QuotaEvent.kind == "borrowed"))
+    assert borrowed == "quota team-a uses 2 of its 1 h100 GPUs"
+
+
 def test_a_job_asking_only_for_types_the_queue_lacks_fails_naming_the_queues_types(db, parts, executor):
     job = _asks(db, executor, "on_l4", "l4")
     parts.decide_and_act()
