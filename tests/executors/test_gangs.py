@@ -58,10 +58,13 @@ def parts(db, config, clock) -> Parts:
         db.add(QuotaHost(name=name, queues="q", devices="0,1", celery_name=f"celery@{name}", address=address,
                          registered_at=NOW, heartbeat_at=NOW))
     db.flush()
-    return Parts(
+    parts = Parts(
         db, config, _reconciler(launcher, config), Scheduler(launcher, CHECKPOINTS),
         Actor(launcher, Gangs(launcher), config, LOG, token=lambda ti_id: f"token-{ti_id}"),
     )
+    for host in HOSTS:  # the in-memory broker is one per process: what other tests sent is still there
+        _sent(parts, host)
+    return parts
 
 
 @pytest.fixture
