@@ -183,6 +183,12 @@ def assign_types(state: State, now: float) -> tuple[dict[str, list[Job]], list[R
                 held[job.preempted_for] = job.gpu_type
     usage = {name: _usage(types[name], in_use[name]) for name in order}
     queue_used = {name: sum(in_use[name].values()) for name in order}
+    room = {t.name: t.capacity for t in state.types}  # what the type's live hosts hold (its hosts up)
+    if state.hosts is not None:
+        room = dict.fromkeys(order, 0)
+        for host in state.hosts:
+            if host.type in room and not host.down:
+                room[host.type] += host.gpus
     assigned: dict[str, list[Job]] = {name: [] for name in order}
     rejected: list[Rejection] = []
     most: dict[tuple[str, str], int] = {}
@@ -219,7 +225,7 @@ def assign_types(state: State, now: float) -> tuple[dict[str, list[Job]], list[R
                 len(sizes) < job.nodes or sizes[job.nodes - 1] < job.gpus_per_node
             )):
                 continue  # this type can never hold it
-            mode = _mode(job, usage[name], gpu_type, queue_used[name])
+            mode = _mode(job, usage[name], min(gpu_type.capacity, room[name]) - queue_used[name])
             if mode == _FIT or (mode == _BORROW and fungibility.when_can_borrow == WhenCanBorrow.BORROW) or (
                 mode == _PREEMPT and fungibility.when_can_preempt == WhenCanPreempt.PREEMPT
             ):
@@ -231,16 +237,17 @@ def assign_types(state: State, now: float) -> tuple[dict[str, list[Job]], list[R
             choice = best[1]
         if choice is None:  # too large for every type it may use: its first type's decision says why
             choice = next(n for n in job.gpu_types or order if n in types)
-        elif _mode(job, usage[choice], types[choice], queue_used[choice]) != _PREEMPT:  # it takes room there
+        elif _mode(job, usage[choice], min(types[choice].capacity, room[choice]) - queue_used[choice]) != _PREEMPT:  # takes room
             usage[choice].add(job.quota, job.gpus)
             queue_used[choice] += job.gpus
         assigned[choice].append(job)
     return assigned, rejected
 
 
-def _mode(job: Job, usage: Usage, gpu_type: GpuType, queue_used: int) -> int:
-    """Whether ``job`` fits on the type within its quota, by borrowing, or only by preempting."""
-    if queue_used + job.gpus <= gpu_type.capacity:
+def _mode(job: Job, usage: Usage, free: int) -> int:
+    """Whether ``job`` fits on a type (``free`` GPUs there: its capacity, or its live hosts', less what
+    runs) within its quota, by borrowing, or only by preempting (or waiting for a host)."""
+    if job.gpus <= free:
         if usage.fits(job.quota, job.gpus, borrow=False):
             return _FIT
         if usage.fits(job.quota, job.gpus, borrow=True):

@@ -248,3 +248,9 @@ def test_instance_types_name_each_type_of_a_typed_queue_and_only_there():
     with pytest.raises(PolicyError, match="only for a job queue whose capacity is per GPU type"):
         parse_quota_file({"queues": [{"name": "q", "capacity": 8, "quotas": [{"name": "a", "capacity": 8}],
                                       "instance_types": {"h100": "ml.p5.48xlarge"}}]})
+
+
+def test_a_job_goes_to_a_type_whose_hosts_are_up_rather_than_wait_for_one_whose_hosts_are_down():
+    hosts = [Host("h-1", 8, type="h100", down=True), Host("a-1", 8, type="a100")]
+    decision = decide(State.for_queue(queue(), [], [job("p1", 4)], hosts), NOW)
+    assert {i: decision.types[i] for i in decision.admit} == {"p1": "a100"}
