@@ -1,4 +1,4 @@
-"""Test-wide settings: hypothesis runs 1,000 examples per property in CI (HYPOTHESIS_PROFILE=ci), and
+"""Test-wide settings: hypothesis runs 500 examples per property in CI (HYPOTHESIS_PROFILE=ci), and
 the groups that let scripts/test run the suite in two processes (pytest-xdist)."""
 
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 

@@ -97,6 +97,9 @@ def parts(db, config, clock) -> Parts:
     launcher = CeleryLauncher(Celery("parts", broker="memory://"))
     db.add(QuotaHost(name="gpu-a", queues="q", devices="0,1", celery_name="celery@gpu-a", registered_at=NOW, heartbeat_at=NOW))
     db.flush()
+    # The in-memory broker is one per process: what other tests sent to gpu-a is still queued there.
+    with launcher.app.connection_for_read() as broker, broker.SimpleQueue(host_queue("gpu-a")) as queue:
+        queue.clear()
     return Parts(
         db,
         config,
