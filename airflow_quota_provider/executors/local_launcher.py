@@ -428,7 +428,10 @@ def _guard_main(  # pragma: no cover - runs in the forked guard
         supervisor = os.fork()
         if supervisor == 0:
             _supervisor_main(run)
-        write_atomically(job_dir / SUPERVISOR_FILE.format(pid=os.getpid()), str(supervisor))
+        try:
+            write_atomically(job_dir / SUPERVISOR_FILE.format(pid=os.getpid()), str(supervisor))
+        except OSError:  # the job directory deleted under the task meanwhile: only the early exit notice is lost
+            logging.getLogger(__name__).warning("Could not record the supervisor of %s", job_dir, exc_info=True)
         rc = os.waitstatus_to_exitcode(os.waitpid(supervisor, 0)[1])
         rc = rc if rc >= 0 else None  # killed by a signal
     except BaseException:

@@ -247,11 +247,11 @@ class Reconciler:
         """None of the nodes of a gang that the executor ended runs: it goes back to its place without
         using a retry, or its task failed past its start limit."""
         why, failed = self.gangs.after_end(job, gang, cycle.now, cycle.session)
-        self.launcher.forget(job.handle, session=cycle.session)
         if failed:
+            self.launcher.forget(job.handle, session=cycle.session)
             transitions.finish(job, why, now=cycle.now, session=cycle.session)
         else:
-            self._evict(job, state, cycle, why=why)
+            self._evict(job, state, cycle, why=why)  # forgets the launch
 
     def _settle(self, job: QuotaJob, state: str | None, ended: str | None, cycle: Cycle) -> None:
         """The job's process is gone: free its devices; what Airflow hears of it is :meth:`reports`'s."""
