@@ -36,6 +36,8 @@ from airflow_quota_provider.executors.task_instances import fail_ti, set_ti_stat
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.gang import GangNode, GangState
 from airflow_quota_provider.protocol import (
+    ENV_CHECKPOINT_DIR,
+    ENV_RESUME_FROM,
     ENV_MASTER_PORT,
     ENV_NNODES,
     ENV_NODE_RANK,
@@ -82,7 +84,6 @@ def run_member(argv: Sequence[str], cwd: str | None, log_file: Path) -> int:  # 
     code, 0 when it was stopped by a notice (the gang's outcome is node 0's)."""
     from airflow_quota_provider.operators.process_group import CommandProcess
     from airflow_quota_provider.operators.quota_run import QuotaRun
-    from airflow_quota_provider.protocol import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM
 
     member_log = logging.getLogger(f"airflow_quota_provider.member.{os.getpid()}")
     member_log.propagate = False
@@ -134,23 +135,21 @@ def node_env(job: QuotaJob, rank: int, address: str, port: int | None) -> dict[s
 def forget_command(job: QuotaJob, session: Session) -> None:
     """Drop the command an earlier run of node 0 published: the members of this run must get this
     run's (its resume point), and Airflow clears a task's XComs only once it runs."""
-    session.execute(
-        delete(XComModel).where(
-            XComModel.dag_id == job.dag_id, XComModel.run_id == job.run_id, XComModel.task_id == job.task_id,
-            XComModel.map_index == job.map_index, XComModel.key == GANG_XCOM_KEY,
-        )
-    )
+    session.execute(delete(XComModel).where(*_command_xcom(job)))
 
 
 def published_command(job: QuotaJob, session: Session) -> GangCommand | None:
     """The command node 0 published for its members, once it has."""
-    row = session.scalars(
-        select(XComModel).where(
-            XComModel.dag_id == job.dag_id, XComModel.run_id == job.run_id, XComModel.task_id == job.task_id,
-            XComModel.map_index == job.map_index, XComModel.key == GANG_XCOM_KEY,
-        )
-    ).first()
+    row = session.scalars(select(XComModel).where(*_command_xcom(job))).first()
     return None if row is None else GangCommand.from_dict(XComModel.deserialize_value(row))
+
+
+def _command_xcom(job: QuotaJob) -> tuple:
+    """The XCom row of the command node 0 of ``job``'s task instance publishes."""
+    return (
+        XComModel.dag_id == job.dag_id, XComModel.run_id == job.run_id, XComModel.task_id == job.task_id,
+        XComModel.map_index == job.map_index, XComModel.key == GANG_XCOM_KEY,
+    )
 
 
 class Gangs:
