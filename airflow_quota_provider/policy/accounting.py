@@ -28,6 +28,17 @@ its jobs alike, whichever started first. ``lent`` and ``idle`` belong to quotas,
 
 Periods are cut at their boundaries: a hold across midnight counts in both days.
 
+A job queue with GPU types is accounted per type, each type as its own untyped job queue (its
+:class:`~.types.GpuType`'s capacities), since an H100's GPU-hour is not an L4's: per quota, type and
+period ``used_within + lent + idle = C_type x T``. A quota's figures are the sums over its types (an
+untyped queue's are exactly what they were before types); the per-type figures are keyed
+additionally by the type (None in an untyped queue). A hold carries the type it ran on; one without
+(recorded before holds had types) is charged to the queue's first type, the one an untyped job tries
+first, and one of a type the queue no longer has is left out, as a removed quota's is.
+
+Chargeback prices what a quota's jobs held, ``used_within + borrowed`` (:data:`CHARGED`), at the
+queue's ``gpu_hour_price`` of the type (:func:`costs`); lent and idle GPUs are not charged.
+
 Over time the quota file changes. :func:`account_history` charges each moment with the job queues
 in force then (a :class:`Config` each, from the moment it was loaded until the next), so a quota is
 charged capacity, and so idle GPU-seconds, only while a quota file in force has it: from when it
@@ -40,8 +51,8 @@ import bisect
 import gc
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
-from typing import NamedTuple
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple
 
 from airflow_quota_provider.policy.capacity import lendable, usage_for
 from airflow_quota_provider.policy.config import Queue
@@ -49,6 +60,9 @@ from airflow_quota_provider.policy.state import State
 
 KINDS = ("used_within", "borrowed", "lent", "idle", "lost")
 """The kinds of GPU-seconds a quota is charged with, in report order."""
+CHARGED = ("used_within", "borrowed")
+"""The kinds a price turns into cost: the GPUs a quota's (or DAG's) jobs held, within its capacity or
+above it (``lost`` is part of them, not more)."""
 
 DAY_S = 86400.0
 
@@ -76,6 +90,8 @@ class Hold(NamedTuple):
     preempted: bool = False
     """It ended by preemption: its work since ``last_checkpoint_at`` is lost."""
     last_checkpoint_at: float | None = None
+    gpu_type: str | None = None
+    """The GPU type it ran on (a job queue with GPU types); None: untyped."""
 
 
 @dataclass(slots=True)
@@ -116,7 +132,12 @@ class Account:
     dags: dict[tuple[float, str, str | None], Figures]
     """(period start, quota, dag_id) -> the DAG's share of the quota's used_within, borrowed, lost."""
     pools: dict[tuple[float, str], PoolFigures]
-    """(period start, job queue) -> its pool's figures."""
+    """(period start, job queue) -> its pool's figures (summed over GPU types)."""
+    quota_types: dict[tuple[float, str, str | None], Figures] = field(default_factory=dict)
+    """(period start, quota, GPU type) -> its figures on that type (None: an untyped queue's quota);
+    ``quotas`` holds their sums over the types."""
+    dag_types: dict[tuple[float, str, str | None, str | None], Figures] = field(default_factory=dict)
+    """(period start, quota, GPU type, dag_id) -> the DAG's share on that type; ``dags`` holds the sums."""
 
 
 class Event(NamedTuple):
@@ -130,6 +151,8 @@ class Event(NamedTuple):
     devices: str | None = None
     checkpoint_at: float | None = None
     """On ``stopped``: when the preempted run last saved its work (None: it had no checkpoint)."""
+    gpu_type: str | None = None
+    """The GPU type the job held (``admitted`` opens its hold on it); None: untyped."""
 
 
 EVENT_KINDS = ("admitted", "preempted", "released", "stopped", "finished", "evicted")
@@ -165,11 +188,11 @@ def holds_from_events(events: Iterable[Event]) -> list[Hold]:
     says when the run last saved its work), and a job failed past its preemption limit writes nothing
     more, so no word also confirms it."""
     holds: list[Hold] = []
-    open_: dict[str, tuple] = {}  # job -> (start, quota, gpus, dag_id, preempted)
+    open_: dict[str, tuple] = {}  # job -> (start, quota, gpus, dag_id, preempted, gpu_type)
     settling: dict[str, Hold] = {}  # job -> a preempted hold released, waiting for its outcome
     append = holds.append
     new = tuple.__new__  # Hold(...) less its Python-level __new__: a third of the time, per hold
-    for at, kind, job, quota, dag_id, devices, checkpoint_at in events:
+    for at, kind, job, quota, dag_id, devices, checkpoint_at, gpu_type in events:
         if job is None:
             continue
         if kind == "admitted":
@@ -180,20 +203,20 @@ def holds_from_events(events: Iterable[Event]) -> list[Hold]:
                 continue
             if job in settling:
                 append(settling.pop(job))
-            open_[job] = (at, quota, gpus, dag_id, False)
+            open_[job] = (at, quota, gpus, dag_id, False, gpu_type)
         elif kind == "released":  # a gang's first closes its hold: its nodes are released together
             hold = open_.pop(job, None)
             if hold is None:
                 continue
-            start, quota_, gpus, dag, preempted = hold
+            start, quota_, gpus, dag, preempted, type_ = hold
             if preempted:
-                settling[job] = new(Hold, (job, quota_, gpus, start, at, dag, True, None))
+                settling[job] = new(Hold, (job, quota_, gpus, start, at, dag, True, None, type_))
             else:
-                append(new(Hold, (job, quota_, gpus, start, at, dag, False, None)))
+                append(new(Hold, (job, quota_, gpus, start, at, dag, False, None, type_)))
         elif kind == "preempted":
             hold = open_.get(job)
             if hold is not None:
-                open_[job] = hold[:4] + (True,)
+                open_[job] = hold[:4] + (True, hold[5])
         elif job in settling:  # stopped, finished, evicted
             hold = settling.pop(job)
             if kind == "stopped":
@@ -201,7 +224,8 @@ def holds_from_events(events: Iterable[Event]) -> list[Hold]:
             else:
                 append(hold._replace(preempted=False))
     holds.extend(settling.values())
-    holds.extend(Hold(job, q, gpus, start, None, dag) for job, (start, q, gpus, dag, _) in open_.items())
+    holds.extend(Hold(job, q, gpus, start, None, dag, gpu_type=type_)
+                 for job, (start, q, gpus, dag, _, type_) in open_.items())
     return holds
 
 
@@ -230,7 +254,7 @@ def account(queues: Sequence[Queue], holds: Iterable[Hold], periods: Sequence[tu
     """
     result = Account(list(periods), {}, {}, {})
     if len(queues) == 1:  # the queue leaves out the holds of quotas it does not have
-        _account_queue(queues[0], holds, result)
+        _account_types(queues[0], holds, result)
         return result
     by_queue: dict[str, list[Hold]] = {queue.name: [] for queue in queues}
     queue_of = {q.name: queue.name for queue in queues for q in queue.quotas}
@@ -239,8 +263,43 @@ def account(queues: Sequence[Queue], holds: Iterable[Hold], periods: Sequence[tu
         if name is not None:
             by_queue[name].append(hold)
     for queue in queues:
-        _account_queue(queue, by_queue[queue.name], result)
+        _account_types(queue, by_queue[queue.name], result)
     return result
+
+
+def _account_types(queue: Queue, holds: Iterable[Hold], result: Account) -> None:
+    """Account ``queue`` into ``result``: as one untyped queue, or each GPU type as its own, the
+    quotas' and DAGs' figures added up over the types and kept per type too."""
+    if not queue.types:
+        part = Account(result.periods, {}, {}, {})
+        _account_queue(queue, holds, part)
+        _add_type(part, None, result)
+        return
+    by_type: dict[str, list[Hold]] = {t.name: [] for t in queue.types}
+    first = queue.types[0].name
+    for hold in holds:
+        own = by_type.get(hold.gpu_type or first)
+        if own is not None:  # a type the queue no longer has: left out
+            own.append(hold)
+    for gpu_type in queue.types:
+        part = Account(result.periods, {}, {}, {})
+        one = Queue(queue.name, gpu_type.capacity, gpu_type.quotas, cohorts=gpu_type.cohorts)
+        _account_queue(one, by_type[gpu_type.name], part)
+        _add_type(part, gpu_type.name, result)
+
+
+def _add_type(part: Account, gpu_type: str | None, result: Account) -> None:
+    """Add one type's account (an untyped queue's: ``gpu_type`` None) to ``result``'s sums and keep it per type."""
+    for (start, quota), figures in part.quotas.items():
+        result.quota_types[(start, quota, gpu_type)] = figures
+        result.quotas.setdefault((start, quota), Figures()).add(figures)
+    for (start, quota, dag_id), figures in part.dags.items():
+        result.dag_types[(start, quota, gpu_type, dag_id)] = figures
+        result.dags.setdefault((start, quota, dag_id), Figures()).add(figures)
+    for key, pool in part.pools.items():
+        total = result.pools.setdefault(key, PoolFigures())
+        total.capacity_s += pool.capacity_s
+        total.drawn += pool.drawn
 
 
 def _account_queue(queue: Queue, holds: Iterable[Hold], result: Account) -> None:
@@ -407,6 +466,10 @@ def account_history(configs: Sequence[Config], holds: Iterable[Hold], periods: S
             result.quotas.setdefault((period_of[at], quota), Figures()).add(figures)
         for (at, quota, dag_id), figures in part.dags.items():
             result.dags.setdefault((period_of[at], quota, dag_id), Figures()).add(figures)
+        for (at, *key), figures in part.quota_types.items():
+            result.quota_types.setdefault((period_of[at], *key), Figures()).add(figures)
+        for (at, *key), figures in part.dag_types.items():
+            result.dag_types.setdefault((period_of[at], *key), Figures()).add(figures)
         for (at, queue), pool in part.pools.items():
             total = result.pools.setdefault((period_of[at], queue), PoolFigures())
             total.capacity_s += pool.capacity_s
@@ -449,7 +512,7 @@ def _points(queue: Queue, holds: Iterable[Hold], starts: list[float], until: flo
     numbers: list[dict[str | None, int]] = [{} for _ in range(n)]  # per quota: dag_id -> share number
     preempted: list[Hold] = []
     for hold in holds:
-        _, quota, gpus, start, end, dag_id, was_preempted, _ = hold
+        _, quota, gpus, start, end, dag_id, was_preempted, _, _ = hold
         q = index.get(quota)
         if q is None:
             continue
@@ -547,19 +610,64 @@ def lost_by_end(holds: Iterable[Hold], since: float, until: float) -> dict[str, 
     return out
 
 
-def totals(account_: Account, by: str = "quota", owners: Mapping[str, str] | None = None) -> dict[str, Figures]:
+def totals(
+    account_: Account, by: str = "quota", owners: Mapping[str, str] | None = None, *, per_type: bool = False
+) -> dict[str, Figures] | dict[tuple[str, str | None], Figures]:
     """The account summed over its periods, per ``quota``, ``dag`` or ``owner`` (``owners``: DAG id ->
-    owner; a DAG without one is charged to ``"unknown"``). Only quotas carry lent, idle and capacity."""
-    out: dict[str, Figures] = {}
+    owner; a DAG without one is charged to ``"unknown"``). Only quotas carry lent, idle and capacity.
+    ``per_type``: keyed (name, GPU type) instead, the type None for untyped queues' figures."""
+    out: dict = {}
+    if per_type:
+        for key, _, figures in _keyed(account_, by, owners, per_type):
+            out.setdefault(key, Figures()).add(figures)
+        return out
     if by == "quota":
         for (_, quota), figures in account_.quotas.items():
             out.setdefault(quota, Figures()).add(figures)
         return out
+    _check_by(by)
+    for (_, _, dag_id), figures in account_.dags.items():
+        out.setdefault(_dag_key(dag_id, by, owners), Figures()).add(figures)
+    return out
+
+
+def costs(
+    account_: Account, prices: Mapping[tuple[str, str | None], float], by: str = "quota",
+    owners: Mapping[str, str] | None = None, *, per_type: bool = False,
+) -> dict:
+    """The cost of each of :func:`totals`' keys: its :data:`CHARGED` GPU-hours on each quota and GPU
+    type times ``prices[(quota, GPU type)]`` (per GPU-hour; the type None for an untyped queue). A
+    key with figures on an unpriced quota and type costs None: a partial sum would read as the whole."""
+    out: dict = {}
+    for key, (quota, gpu_type), figures in _keyed(account_, by, owners, per_type):
+        price = prices.get((quota, gpu_type))
+        if price is None or out.get(key, 0.0) is None:
+            out[key] = None
+            continue
+        out[key] = out.get(key, 0.0) + sum(getattr(figures, kind) for kind in CHARGED) / 3600.0 * price
+    return out
+
+
+def _keyed(
+    account_: Account, by: str, owners: Mapping[str, str] | None, per_type: bool
+) -> Iterator[tuple[Any, tuple[str, str | None], Figures]]:
+    """Each per-type figure of the account as (its key in :func:`totals`, (quota, GPU type), figures)."""
+    if by == "quota":
+        for (_, quota, gpu_type), figures in account_.quota_types.items():
+            yield ((quota, gpu_type) if per_type else quota), (quota, gpu_type), figures
+        return
+    _check_by(by)
+    for (_, quota, gpu_type, dag_id), figures in account_.dag_types.items():
+        key = _dag_key(dag_id, by, owners)
+        yield ((key, gpu_type) if per_type else key), (quota, gpu_type), figures
+
+
+def _check_by(by: str) -> None:
     if by not in ("dag", "owner"):
         raise ValueError(f"by: {by!r} is not one of quota, dag, owner")
-    for (_, _, dag_id), figures in account_.dags.items():
-        key = dag_id or "unknown"
-        if by == "owner":
-            key = (owners or {}).get(dag_id or "", "unknown")
-        out.setdefault(key, Figures()).add(figures)
-    return out
+
+
+def _dag_key(dag_id: str | None, by: str, owners: Mapping[str, str] | None) -> str:
+    if by == "owner":
+        return (owners or {}).get(dag_id or "", "unknown")
+    return dag_id or "unknown"

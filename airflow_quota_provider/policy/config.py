@@ -131,6 +131,9 @@ class Queue:
     fungibility: Fungibility = Fungibility()
     instance_types: dict[str, str] = field(default_factory=dict, hash=False)
     """GPU type -> the instance type AWS Batch counts it in (a quota share's capacity limits)."""
+    gpu_hour_price: dict[str | None, float] = field(default_factory=dict, hash=False)
+    """The chargeback price of one GPU-hour: GPU type -> price, or {None: price} for an untyped
+    queue; empty: no price (usage reports show no cost)."""
 
     def quota(self, name: str) -> Quota:
         for quota in self.quotas:
@@ -371,6 +374,7 @@ def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QU
         capacity_unit = queue_fields.str("capacity_unit", None)
         capacity, quotas, cohorts, types, fungibility = parse_queue_body(queue_fields, path, max_quotas=max_quotas_per_queue)
         instance_types = _parse_instance_types(queue_fields, types)
+        gpu_hour_price = _parse_gpu_hour_price(queue_fields, types)
         queue_fields.done()
         if any(q.name == name for q in queues):
             raise PolicyError(queue_fields.child("name"), f"duplicate job queue name {name!r}")
@@ -385,7 +389,8 @@ def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QU
                     raise PolicyError(f"{quota_path}.teams", f"team {team!r} is already mapped at {team_paths[team]}")
                 team_paths[team] = quota_path
         queues.append(Queue(name=name, capacity=capacity, quotas=quotas, capacity_unit=capacity_unit, cohorts=cohorts,
-                            types=types, fungibility=fungibility, instance_types=instance_types))
+                            types=types, fungibility=fungibility, instance_types=instance_types,
+                            gpu_hour_price=gpu_hour_price))
     fields.done()
     return QuotaFile(queues=tuple(queues))
 
@@ -447,6 +452,28 @@ def _parse_instance_types(fields: Fields, types: tuple[GpuType, ...]) -> dict[st
     return dict(raw)
 
 
+def _parse_gpu_hour_price(fields: Fields, types: tuple[GpuType, ...]) -> dict[str | None, float]:
+    """A job queue's ``gpu_hour_price``: a number (an untyped queue), or one per GPU type, each a
+    finite number from 0 (a typed queue prices every type: a cost summed over some would mislead)."""
+    if not fields.has("gpu_hour_price"):
+        return {}
+    if not types:
+        return {None: fields.number("gpu_hour_price")}
+    path = fields.child("gpu_hour_price")
+    raw = fields.raw("gpu_hour_price")
+    names = [t.name for t in types]
+    if not isinstance(raw, dict):
+        raise PolicyError(path, f"expected a mapping {{GPU type: price per GPU-hour}} for the GPU types {', '.join(names)}, got {shorten(raw)}")
+    for key in raw:
+        if key not in names:
+            raise PolicyError(f"{path}.{key}", f"{key!r} is not one of the job queue's GPU types {', '.join(names)}")
+    missing = [name for name in names if name not in raw]
+    if missing:
+        raise PolicyError(path, f"no price for GPU type {', '.join(missing)}; every one of {', '.join(names)} needs one")
+    prices = Fields(raw, path)
+    return {name: prices.number(name) for name in names}
+
+
 def _typed_entries(items: list[tuple[Any, str]], capacities: dict[str, int], parse: Callable, what: str):
     """Quotas (or cohorts) of a queue with GPU types: per type, each entry with that type's capacity
     and limits; and each entry with their sums (what is shown where types do not matter)."""
@@ -480,6 +507,34 @@ def load_quota_file(path: str | Path, *, max_quotas_per_queue: int = MAX_QUOTAS_
     :class:`PolicyError` too (the bounds: :mod:`~airflow_quota_provider.policy.documents`)."""
     data = load_yaml(path, QUOTA_FILE_LIMITS, what="quota file")
     return parse_quota_file(data, max_quotas_per_queue=max_quotas_per_queue)
+
+
+def queue_to_dict(queue: Queue) -> dict[str, Any]:
+    """A job queue in the quota file's form, GPU types and prices included (the inverse of
+    :func:`parse_quota_file`'s for one queue): what the audit log records of the file in force."""
+    out: dict[str, Any] = {"name": queue.name, "capacity": queue.capacity}
+    if queue.capacity_unit:
+        out["capacity_unit"] = queue.capacity_unit
+    out["quotas"] = [quota_to_dict(quota) for quota in queue.quotas]
+    out["cohorts"] = [cohort_to_dict(cohort) for cohort in queue.cohorts]
+    if queue.types:
+        out["capacity"] = {t.name: t.capacity for t in queue.types}
+        for key, per_type in (("quotas", [t.quotas for t in queue.types]), ("cohorts", [t.cohorts for t in queue.types])):
+            for i, entry in enumerate(out[key]):
+                for name in ("capacity", "borrow_limit", "lend_limit"):
+                    values = {t.name: getattr(entries[i], name) for t, entries in zip(queue.types, per_type)}
+                    values = {t: v for t, v in values.items() if v is not None}
+                    entry[name] = values or None
+        for entry, quota in zip(out["quotas"], queue.quotas):
+            if quota.borrow_limit_percent is not None:
+                entry["borrow_limit"] = f"{quota.borrow_limit_percent!r}%"
+        out["fungibility"] = {"when_can_borrow": str(queue.fungibility.when_can_borrow.value),
+                              "when_can_preempt": str(queue.fungibility.when_can_preempt.value)}
+        if queue.instance_types:
+            out["instance_types"] = dict(queue.instance_types)
+    if queue.gpu_hour_price:
+        out["gpu_hour_price"] = dict(queue.gpu_hour_price) if queue.types else queue.gpu_hour_price[None]
+    return out
 
 
 def quota_to_dict(quota: Quota) -> dict[str, Any]:
