@@ -32,25 +32,65 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class TypeUsage:
+    """A quota's figures on one GPU type of a typed job queue (:mod:`.policy.types`)."""
+
+    gpu_type: str
+    usage: QuotaUsage
+    """:func:`~airflow_quota_provider.policy.summarize` over that type alone: its capacities, and the
+    GPUs of the quota's running jobs of that type. A waiting job has no type until it is admitted,
+    so ``pending_jobs`` and ``pending_gpus`` are 0 here (the quota's row counts them)."""
+
+
+@dataclass(frozen=True)
 class QuotaRow:
     """One quota's rule and its figures right now."""
 
     queue: Queue
     quota: Quota
     usage: QuotaUsage
+    """Over all its GPUs: a typed queue's quota has its capacity and limits summed over the types."""
+    types: tuple[TypeUsage, ...] = ()
+    """A typed job queue's quota: its figures per GPU type, in the queue's order; empty: untyped."""
 
 
 def quota_rows(quota_file: QuotaFile, *, session: Session, states: Mapping[str, State] | None = None) -> list[QuotaRow]:
     """Every quota of every job queue, in file order, with :func:`~airflow_quota_provider.policy.summarize`'s
     figures computed from the job table, or from ``states`` (job queue -> the state a scheduling
-    cycle just decided on; a queue without one has no active job)."""
+    cycle just decided on; a queue without one has no active job); a typed queue's also per type."""
     if states is None:
         states = _queue_states(quota_file, active_job_rows(session=session))
     rows = []
     for queue in quota_file.queues:
-        usage = summarize(states.get(queue.name) or State.for_queue(queue, (), ()))
-        rows.extend(QuotaRow(queue, quota, usage[quota.name]) for quota in queue.quotas)
+        state = states.get(queue.name) or State.for_queue(queue, (), ())
+        usage = summarize(state)
+        per_type = {name: summarize(sub) for name, sub in type_states(state).items()}
+        rows.extend(
+            QuotaRow(queue, quota, usage[quota.name],
+                     tuple(TypeUsage(name, figures[quota.name]) for name, figures in per_type.items()))
+            for quota in queue.quotas
+        )
     return rows
+
+
+def type_states(state: State) -> dict[str, State]:
+    """A typed job queue's state as one untyped state per GPU type, in the queue's order (empty for an
+    untyped queue): the type's capacities, and the running jobs of that type, as the policy decides
+    each type (:func:`~airflow_quota_provider.policy.types.decide_types`). Waiting jobs are left out:
+    a job's type is chosen when it is admitted."""
+    running: dict[str, list] = {t.name: [] for t in state.types}
+    for job in state.running:
+        if job.gpu_type in running:
+            running[job.gpu_type].append(job)
+    return {
+        t.name: State(capacity=t.capacity, quotas=t.quotas, running=tuple(running[t.name]), pending=(), cohorts=t.cohorts)
+        for t in state.types
+    }
+
+
+def idle(usage: QuotaUsage) -> int:
+    """GPUs of a quota's capacity that nobody uses: neither its own jobs within it nor borrowers."""
+    return max(0, usage.capacity - (usage.in_use - usage.borrowed) - usage.lent)
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,12 @@ after their case):
 ``{"case": str, "quota": str, "gpus": int, "priority": int, "state": "pending"|"running"|"finished",
 "devices": [str], "position": int, "reason": str, "starts_in_s": float, "waited_s": float, "preemptions": int,
 "preempted_by": <case>, "preempt_reason": str, "held": [[from_s_ago, until_s_ago], ...], "nodes": int,
-"hosts": [[host, [device, ...]], ...], "backoff_s": float, "start_failures": int}``
+"hosts": [[host, [device, ...]], ...], "backoff_s": float, "start_failures": int, "gpu_types": [str],
+"gpu_type": str}``
 
 A gang has ``nodes`` > 1 (``gpus`` is its total); running, it holds ``hosts`` (one per node, node 0's
 first); pending with ``backoff_s``, it waits out that much of a backoff after ``start_failures``.
+``gpu_types``: the GPU types it asks for, in order; running, it was admitted on ``gpu_type``.
 
 ``held`` makes a finished job with that history in the audit log: an ``admitted`` and a ``released``
 event (``gpus`` devices) per stretch, so usage over past days has something to charge.
@@ -62,6 +64,7 @@ def seed_into(cases: list[dict], *, session) -> dict[str, int]:
             submitted_at=now - case.get("waited_s", 30.0),
             state=JobState.PENDING.value,
             workload="{}",  # as if Airflow had queued it
+            gpu_types=json.dumps(case["gpu_types"]) if case.get("gpu_types") else None,
         )
         session.add(job)
         session.flush()
@@ -84,9 +87,11 @@ def seed_into(cases: list[dict], *, session) -> dict[str, int]:
         elif "hosts" in case:
             gang = GangState(nodes=[GangNode(host, devices) for host, devices in case["hosts"]])
             (host, devices), *_ = case["hosts"]
-            transitions.admit(job, host=host, devices=devices, gang=gang, now=now - 5, session=session)
+            transitions.admit(job, host=host, devices=devices, gang=gang, now=now - 5, gpu_type=case.get("gpu_type"),
+                              session=session)
         else:
-            transitions.admit(job, host="local", devices=case.get("devices", []), now=now - 5, session=session)
+            transitions.admit(job, host="local", devices=case.get("devices", []), now=now - 5,
+                              gpu_type=case.get("gpu_type"), session=session)
             if state == "finished":
                 job.state, job.finished_at, job.message = JobState.FINISHED.value, now, "exit code 0"
         jobs[case["case"]] = job
