@@ -6,7 +6,9 @@ and a wait-time timer. The counters' cursors are shared by the schedulers (:mod:
 with two schedulers nothing is counted twice; the first count ever skips history. A count sent by a
 cycle that then fails to commit is sent again by the next one (counters are at least once).
 Every metric is named with the quota (``quota.gpus_in_use.team-a``, for StatsD, which has no tags) and
-also carries ``quota`` and ``queue`` tags (for Datadog and OTel). ``docs/metrics.md`` lists them.
+also carries ``quota`` and ``queue`` tags (for Datadog and OTel). A quota of a job queue with GPU types
+also has its gauges per type, named and tagged with it (``quota.gpus_in_use.team-a.h100``, tag
+``gpu_type``). ``docs/metrics.md`` lists them.
 
 :class:`GpuSecondsMeter` counts GPU-seconds per quota and kind (used within capacity, borrowed, lent,
 idle, lost) with the usage accounting core, over the time since its previous call.
@@ -39,6 +41,10 @@ log = logging.getLogger(__name__)
 
 GAUGES = ("gpus_in_use", "borrowed", "lent", "free", "pending_jobs", "pending_gpus")
 """Per-quota gauges: ``quota.<gauge>.<quota>``; a quota in a cohort also carries a ``cohort`` tag."""
+
+TYPE_GAUGES = ("gpus_in_use", "borrowed", "lent", "free")
+"""Per-quota gauges per GPU type of a typed job queue: ``quota.<gauge>.<quota>.<type>``, also tagged
+``gpu_type`` (a waiting job has no type until it is admitted: the pending gauges are the quota's only)."""
 
 COHORT_GAUGES = ("gpus_in_use", "borrowed", "lent")
 """Per-cohort gauges of its subtree: ``quota.cohort.<gauge>.<cohort>``, tagged ``cohort`` and ``queue``."""
@@ -80,6 +86,11 @@ def _emit_gauges(quota_file: QuotaFile, *, session: Session, states: Mapping[str
         for gauge in GAUGES:
             value = getattr(row.usage, _USAGE_FIELD.get(gauge, gauge))
             Stats.gauge(_name(gauge, row.quota.name), value, tags=tags)
+        for of_type in row.types:
+            type_tags = {**tags, "gpu_type": of_type.gpu_type}
+            for gauge in TYPE_GAUGES:
+                value = getattr(of_type.usage, _USAGE_FIELD.get(gauge, gauge))
+                Stats.gauge(_name(gauge, row.quota.name, of_type.gpu_type), value, tags=type_tags)
     for row in cohort_rows(quota_file, session=session, states=states):
         tags = {"cohort": row.cohort.name, "queue": row.queue.name}
         for gauge in COHORT_GAUGES:

@@ -242,3 +242,34 @@ def test_a_scheduler_counting_events_makes_the_other_skip_them_on_postgresql(sta
         emit_metrics(quota_file, session=other)  # the cursor has moved past the admission
         other.commit()
     assert [x for x in statsd() if x.startswith("airflow.quota.admissions.")] == ["airflow.quota.admissions.team-a:1|c"]
+
+
+def test_a_typed_quota_gets_its_gauges_per_gpu_type_named_and_tagged_with_it(statsd, session, monkeypatch):
+    from airflow.observability.metrics.stats_utils import get_stats_factory
+
+    from tests.test_usage import TYPED_JOBS, TYPED_QUOTAS
+
+    seed_into(list(TYPED_JOBS), session=session)
+    typed = parse_quota_file(yaml.safe_load(TYPED_QUOTAS))
+
+    emit_metrics(typed, session=session)
+    lines = statsd()
+    for line in (
+        "airflow.quota.gpus_in_use.team-a:3|g",  # over all its types, as before
+        "airflow.quota.borrowed.team-a:0|g",
+        "airflow.quota.gpus_in_use.team-a.h100:3|g",
+        "airflow.quota.borrowed.team-a.h100:1|g",  # above its 2 h100s, within its 6 GPUs
+        "airflow.quota.lent.team-b.h100:1|g",
+        "airflow.quota.free.team-b.a100:6|g",
+        "airflow.quota.pending_gpus.team-b:2|g",
+        "airflow.quota.gpus_in_use.team-lab:1|g",
+    ):
+        assert line in lines
+    assert not [x for x in lines if x.startswith(("airflow.quota.pending_jobs.team-b.", "airflow.quota.free.team-lab."))]
+
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED", "True")  # tags in the name: quota.x,tag=value
+    stats.initialize(factory=get_stats_factory(), export_legacy_names=False)
+    emit_metrics(typed, session=session)
+    tagged = statsd()
+    assert "airflow.quota.borrowed.team-a.h100,quota=team-a,queue=mixed,gpu_type=h100:1|g" in tagged
+    assert "airflow.quota.gpus_in_use.team-lab,quota=team-lab,queue=lab:1|g" in tagged
