@@ -10,6 +10,15 @@ its quota, else, by the queue's :class:`Fungibility`, the first where it may bor
 preempting could make room (Kueue's ``whenCanBorrow`` / ``whenCanPreempt``). A job held for its
 victims keeps their type. Then each type decides on its own jobs (:func:`decide_types`); a waiting
 job's reason names the type it waits on.
+
+Every running job counts on exactly one type (:func:`charged_type`), so none of its GPUs is free for
+others unseen: its own ``gpu_type``; else, for a job whose type is none of the queue's (admitted before
+the quota file had types, or of a type the file has since dropped), the type of the host it runs on;
+else, where that host has none of the queue's types or the state has no hosts, the queue's first type,
+where an untyped job goes first. That is one type, not every one: a job counted on several types
+would be a victim, and freed, on each. A host with none of the queue's types counts for no type (which
+type its GPUs are is unknown), and nothing new starts there. Both are said in every waiting job's
+reason while they last (:func:`decide_types`), since the figures there are not what the hosts show.
 """
 
 from __future__ import annotations
@@ -23,13 +32,14 @@ from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.capacity import CohortTree, TreeUsage, Usage, ever_fits
 from airflow_quota_provider.policy.decision import Decision, Rejection
 from airflow_quota_provider.policy.errors import PolicyError
+from airflow_quota_provider.policy.jobs import Host
 from airflow_quota_provider.policy.ordering import queue_order
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
     from airflow_quota_provider.policy.config import Cohort, Quota
-    from airflow_quota_provider.policy.jobs import Host, Job
+    from airflow_quota_provider.policy.jobs import Job
     from airflow_quota_provider.policy.state import State
 
 MAX_TYPES = 5
@@ -166,21 +176,47 @@ def check_job_types(job: Job, types: Sequence[str]) -> str | None:
     return None
 
 
+def charged_type(job: Job, types: Mapping[str, Any], host_types: Mapping[str, str | None]) -> str:
+    """The one type of the queue's ``types`` (in order) that a running job counts on: its own
+    ``gpu_type``, else the first of its hosts' types (``host_types``: host -> type) that is one of
+    them, else the queue's first type (see the module's docstring)."""
+    if job.gpu_type in types:
+        return job.gpu_type
+    for host in job.placed_on:
+        host_type = host_types.get(host)
+        if host_type in types:
+            return host_type
+    return next(iter(types))
+
+
+def running_by_type(state: State) -> dict[str, list[Job]]:
+    """A typed job queue's running jobs by the type each counts on (:func:`charged_type`), in the
+    queue's order of types."""
+    running: dict[str, list[Job]] = {t.name: [] for t in state.types}
+    host_types = {host.name: host.type for host in state.hosts or ()}
+    for job in state.running:
+        running[job.gpu_type if job.gpu_type in running else charged_type(job, running, host_types)].append(job)
+    return running
+
+
 _FIT, _BORROW, _PREEMPT = 0, 1, 2
 
 
-def assign_types(state: State, now: float) -> tuple[dict[str, list[Job]], list[Rejection]]:
-    """Each waiting job's type for this cycle (in queue order), and the jobs no type can ever hold."""
+def assign_types(
+    state: State, now: float, running: Mapping[str, Sequence[Job]] | None = None
+) -> tuple[dict[str, list[Job]], list[Rejection]]:
+    """Each waiting job's type for this cycle (in queue order), and the jobs no type can ever hold.
+    ``running``: :func:`running_by_type`'s, where the caller has it."""
     types = {t.name: t for t in state.types}
     order = list(types)
     fungibility = state.fungibility
     in_use: dict[str, dict[str, int]] = {name: {} for name in order}
     held: dict[str, str] = {}  # a preemptor waiting for its victims -> their type
-    for job in state.running:
-        if job.gpu_type in types:
-            in_use[job.gpu_type][job.quota] = in_use[job.gpu_type].get(job.quota, 0) + job.gpus
+    for name, jobs in (running_by_type(state) if running is None else running).items():
+        for job in jobs:
+            in_use[name][job.quota] = in_use[name].get(job.quota, 0) + job.gpus
             if job.preempted_for is not None:
-                held[job.preempted_for] = job.gpu_type
+                held[job.preempted_for] = name
     usage = {name: _usage(types[name], in_use[name]) for name in order}
     queue_used = {name: sum(in_use[name].values()) for name in order}
     room = {t.name: t.capacity for t in state.types}  # what the type's live hosts hold (its hosts up)
@@ -265,21 +301,19 @@ def decide_types(state: State, now: float, explain: bool, decide_one: Callable[[
     """Decide a typed job queue: one untyped decision per type, on the jobs given that type."""
     from airflow_quota_provider.policy.state import State
 
-    assigned, rejected = assign_types(state, now)
-    running: dict[str, list[Job]] = {t.name: [] for t in state.types}
-    for job in state.running:
-        if job.gpu_type in running:
-            running[job.gpu_type].append(job)
+    running = running_by_type(state)
+    assigned, rejected = assign_types(state, now, running)
     hosts: dict[str, list[Host]] = {t.name: [] for t in state.types}
+    stray: list[Host] = []  # hosts with none of the queue's types
     for host in state.hosts or ():
-        if host.type in hosts:
-            hosts[host.type].append(host)
+        (hosts[host.type] if host.type in hosts else stray).append(host)
     out = Decision(reject=rejected, placed=state.hosts is not None)
     for gpu_type in state.types:
         name = gpu_type.name
         sub = State(
             capacity=gpu_type.capacity, quotas=gpu_type.quotas, running=tuple(running[name]),
-            pending=Backlog(assigned[name]), hosts=None if state.hosts is None else tuple(hosts[name]),
+            pending=Backlog(assigned[name]),
+            hosts=None if state.hosts is None else tuple(hosts[name]) + _hosts_of_others(running[name], hosts[name]),
             cohorts=gpu_type.cohorts,
         )
         decision = decide_one(sub, now, explain)
@@ -288,7 +322,42 @@ def decide_types(state: State, now: float, explain: bool, decide_one: Callable[[
         out.types.update(dict.fromkeys(decision.admit, name))
         out.preempt += decision.preempt
         out.reject += [replace(r, reason=f"{name}: {r.reason}") for r in decision.reject]
+        note = _uncounted(name, running[name], stray, state.types)
         for pending in decision.pending:
-            pending.reason = f"{name}: {pending.reason}"
+            pending.reason = f"{name}: {pending.reason}{note}"
         out.pending += decision.pending
     return out
+
+
+def _hosts_of_others(running: Sequence[Job], hosts: Sequence[Host]) -> tuple[Host, ...]:
+    """The hosts of a type's running jobs that are not hosts of that type (a job counted on the type
+    while on a host of another type or of none, :func:`charged_type`): down, so that nothing starts
+    there and they are never victims there, each as large as those jobs hold there."""
+    names = {host.name for host in hosts}
+    others: dict[str, int] = {}
+    for job in running:
+        for host in job.placed_on:
+            if host not in names:
+                others[host] = others.get(host, 0) + job.gpus_per_node
+    return tuple(Host(name, gpus, down=True) for name, gpus in others.items())
+
+
+_NAMED = 3
+"""Jobs or hosts a waiting job's reason names when it says what counts unlike the hosts show."""
+
+
+def _uncounted(name: str, running: Sequence[Job], stray: Sequence[Host], types: Sequence[GpuType]) -> str:
+    """What a waiting job's reason on type ``name`` adds: the running jobs counted on it without being
+    of it, and the hosts that count for no type (empty when there are none)."""
+    notes = []
+    others = [job for job in running if job.gpu_type != name]
+    if others:
+        named = ", ".join(f"{job.id} (GPU type {job.gpu_type or 'none'})" for job in others[:_NAMED])
+        more = f" and {len(others) - _NAMED} more" if len(others) > _NAMED else ""
+        notes.append(f"counted on {name}: running jobs of none of this job queue's GPU types: {named}{more}")
+    if stray:
+        named = ", ".join(f"{host.name} (GPU type {host.type or 'none'})" for host in stray[:_NAMED])
+        more = f" and {len(stray) - _NAMED} more" if len(stray) > _NAMED else ""
+        listed = ", ".join(t.name for t in types)
+        notes.append(f"counted for no GPU type: hosts of none of this job queue's GPU types ({listed}): {named}{more}")
+    return "".join(f"; {note}" for note in notes)

@@ -4,6 +4,8 @@ than borrow or preempt (Kueue's flavorFungibility). Tests are named after the ru
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,8 +30,10 @@ def queue(fungibility: dict | None = None, **quota_b):
 
 def job(job_id: str, gpus: int, quota: str = "team-a", *, types: tuple[str, ...] = (), running_on: str | None = None,
         priority: int = 1, **kw) -> Job:
+    """A waiting job, or a running one of type ``running_on`` (or of none, with ``started_at``)."""
+    kw.setdefault("started_at", 0.0 if running_on else None)
     return Job(id=job_id, quota=quota, gpus=gpus, priority=priority, submitted_at=float(len(job_id)) + int(job_id[-1:] or 0),
-               gpu_types=types, gpu_type=running_on, started_at=0.0 if running_on else None, **kw)
+               gpu_types=types, gpu_type=running_on, **kw)
 
 
 def admitted(q, running, pending, hosts=None) -> dict[str, str]:
@@ -97,6 +101,37 @@ def test_a_waiting_jobs_reason_names_the_type_it_waits_on():
                enumerate([("team-a", "h100"), ("team-b", "h100"), ("team-a", "a100"), ("team-b", "a100")])]
     decision = decide(State.for_queue(queue(), running, [job("p1", 2, types=("a100",))]), NOW)
     assert decision.admit == [] and decision.pending[0].reason.startswith("a100: ")
+
+
+def test_a_running_job_of_none_of_the_queues_types_counts_on_its_hosts_type():
+    """r1 was admitted before the queue had types (no gpu_type) and holds all of h-1: h100 is full,
+    so p1 takes a100 rather than start on h-1 over r1."""
+    hosts = [Host("h-1", 8, type="h100"), Host("a-1", 8, type="a100")]
+    decision = decide(State.for_queue(queue(), [job("r1", 8, host="h-1", started_at=0.0)], [job("p1", 4, "team-b")], hosts), NOW)
+    assert {i: (decision.types[i], decision.hosts[i]) for i in decision.admit} == {"p1": ("a100", "a-1")}
+
+
+def test_a_running_job_with_no_host_of_the_queues_types_counts_on_its_first_type_and_waiting_reasons_say_so():
+    running = [job("r1", 4, started_at=0.0), job("r2", 4, "team-b", running_on="v100")]  # v100: a type the file dropped
+    decision = decide(State.for_queue(queue(), running, [job("p1", 2, types=("h100",)), job("p2", 2, "team-b")]), NOW)
+    assert {i: decision.types[i] for i in decision.admit} == {"p2": "a100"}, "h100 is full: 8 of 8 counted there"
+    (p1,) = decision.pending
+    assert p1.reason.startswith("h100: ") and p1.reason.endswith(
+        "; counted on h100: running jobs of none of this job queue's GPU types: r1 (GPU type none), r2 (GPU type v100)"
+    ), p1.reason
+
+
+def test_a_host_of_none_of_the_queues_types_holds_no_job_and_waiting_reasons_name_it():
+    hosts = [Host("h-1", 2, type="h100"), Host("x-1", 8), Host("a-1", 2, type="a100")]
+    running = [job("r1", 2, "team-b", running_on="h100", host="h-1")]
+    pending = [job("p1", 2, types=("h100",)), job("p2", 2), job("p3", 2)]
+    decision = decide(State.for_queue(queue(), running, pending, hosts), NOW)
+    assert {i: (decision.types[i], decision.hosts[i]) for i in decision.admit} == {"p2": ("a100", "a-1")}
+    assert {p.id for p in decision.pending} == {"p1", "p3"} and decision.preempt == []
+    for p in decision.pending:
+        assert p.reason.endswith(
+            "; counted for no GPU type: hosts of none of this job queue's GPU types (h100, a100): x-1 (GPU type none)"
+        ), p.reason
 
 
 def test_a_job_held_for_its_victims_keeps_their_type():
@@ -199,25 +234,42 @@ def typed_states(draw):
             gpu_types=tuple(draw(st.lists(st.sampled_from(types), max_size=2, unique=True))))
         for i in range(draw(st.integers(1, 14)))
     ]
-    return q, pending
+    # Jobs admitted before the file had types (or of a type it dropped), each within its quota's
+    # share of the first type; with hosts, on a host of no type of the queue, x-1.
+    legacy = [
+        Job(id=f"r{i}", quota=quota["name"], gpus=quota["capacity"][types[0]], priority=draw(st.integers(0, 3)),
+            submitted_at=-1.0, started_at=0.0, gpu_type=draw(st.sampled_from([None, "v100"])))
+        for i, quota in enumerate(quotas) if quota["capacity"][types[0]] and draw(st.booleans())
+    ]
+    hosts = None
+    if draw(st.booleans()):
+        hosts = [Host("x-1", max(1, sum(j.gpus for j in legacy)))]
+        for t in types:
+            first = draw(st.integers(1, capacities[t]))
+            hosts += [Host(f"{t}-{i}", n, type=t) for i, n in enumerate((first, capacities[t] - first)) if n]
+        legacy = [replace(j, host="x-1") for j in legacy]
+    return q, legacy, pending, hosts
 
 
 def _used(q, running) -> tuple[dict, dict]:
+    """GPUs per type and per (type, quota), a job of none of the queue's types counted on its first."""
     per_type, per_quota = {t.name: 0 for t in q.types}, {}
     for j in running:
-        per_type[j.gpu_type] += j.gpus
-        per_quota[j.gpu_type, j.quota] = per_quota.get((j.gpu_type, j.quota), 0) + j.gpus
+        gpu_type = j.gpu_type if j.gpu_type in per_type else q.types[0].name
+        per_type[gpu_type] += j.gpus
+        per_quota[gpu_type, j.quota] = per_quota.get((gpu_type, j.quota), 0) + j.gpus
     return per_type, per_quota
 
 
 @settings(max_examples=300, deadline=None)
 @given(typed_states(), st.randoms(use_true_random=False))
 def test_no_type_and_no_quota_of_a_type_ever_holds_more_than_it_may_and_jobs_run_on_types_they_asked_for(drawn, rnd):
-    q, pending = drawn
-    running: list[Job] = []
+    """Untyped jobs, and running jobs of no type of the queue, included: neither is a way around a
+    type's limits, and nothing starts on a host of no type of the queue, nor beyond a host's GPUs."""
+    q, running, pending, hosts = drawn
     for cycle in range(3):  # admissions become running jobs; a victim stops before its preemptor runs
-        decision = decide(State.for_queue(q, running, pending), NOW + cycle)
-        again = decide(State.for_queue(q, running, pending), NOW + cycle)
+        decision = decide(State.for_queue(q, running, pending, hosts), NOW + cycle)
+        again = decide(State.for_queue(q, running, pending, hosts), NOW + cycle)
         assert decision.to_dict() == again.to_dict(), "deterministic"
         victims = {p.id for p in decision.preempt}
         running = [j for j in running if j.id not in victims]
@@ -225,9 +277,13 @@ def test_no_type_and_no_quota_of_a_type_ever_holds_more_than_it_may_and_jobs_run
         for job_id in decision.admit:
             j = by_id[job_id]
             assert not j.gpu_types or decision.types[job_id] in j.gpu_types, "only on a type it asked for"
-            running.append(Job(**{**j.__dict__, "gpu_type": decision.types[job_id], "started_at": NOW + cycle}))
+            host = decision.hosts.get(job_id)
+            assert hosts is None or next(h.type for h in hosts if h.name == host) == decision.types[job_id], host
+            running.append(replace(j, gpu_type=decision.types[job_id], started_at=NOW + cycle, host=host))
         admitted = set(decision.admit) | {r.id for r in decision.reject}
         pending = [j for j in pending if j.id not in admitted]
+        for h in hosts or ():
+            assert sum(j.gpus for j in running if j.host == h.name) <= h.gpus, h
         per_type, per_quota = _used(q, running)
         for t in q.types:
             assert per_type[t.name] <= t.capacity, (t.name, per_type)
