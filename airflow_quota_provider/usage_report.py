@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow_quota_provider.models import usage as ledger
-from airflow_quota_provider.policy.accounting import DAY_S, KINDS, Account, period_cuts, totals
+from airflow_quota_provider.policy.accounting import DAY_S, KINDS, Account, costs, period_cuts, totals
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -107,6 +107,8 @@ def account_period(
         merged.quotas.update(part.quotas)
         merged.dags.update(part.dags)
         merged.pools.update(part.pools)
+        merged.quota_types.update(part.quota_types)
+        merged.dag_types.update(part.dag_types)
     return merged
 
 
@@ -135,7 +137,11 @@ def usage_report(
     """One row per quota, DAG or owner: GPU-seconds of each kind over [since, until).
 
     Quota rows carry ``capacity_s``, ``lent`` and ``idle`` (used_within + lent + idle = capacity_s);
-    DAG and owner rows only what their jobs held (``used_within``, ``borrowed``, ``lost``).
+    DAG and owner rows only what their jobs held (``used_within``, ``borrowed``, ``lost``). Where a
+    job queue has GPU types, every row carries ``gpu_type`` and there is one row per name and type
+    (None: an untyped queue's); where the quota file prices GPU-hours (``gpu_hour_price``), every row
+    carries ``cost``: its used_within + borrowed GPU-hours at the price of each quota and type, in
+    the current quota file (None where some of them has no price).
     """
     if by not in BY:
         raise UsageRequestError(f"by: {by!r} is not one of {', '.join(BY)}")
@@ -143,7 +149,7 @@ def usage_report(
     result = account_period(quota_file, since, until, session=session)
     if by == "owner" and owners is None:
         owners = dag_owners(session=session)
-    return _rows(result, by, owners, since, until)
+    return _rows(result, by, owners, since, until, prices(quota_file))
 
 
 def usage_series(
@@ -159,28 +165,53 @@ def usage_series(
         raise UsageRequestError(f"every: {every_s:g} s cuts the period into more than {MAX_BUCKETS} buckets")
     result = account_period(quota_file, since, until, every_s=every_s, session=session)
     series = []
+    priced = prices(quota_file)
     for start, end in result.periods:
-        bucket = Account([(start, end)], {k: f for k, f in result.quotas.items() if k[0] == start}, {}, {})
-        series.append({"since": iso(start), "until": iso(end), "rows": _rows(bucket, "quota", None, start, end)})
+        bucket = Account([(start, end)], {k: f for k, f in result.quotas.items() if k[0] == start}, {}, {},
+                         quota_types={k: f for k, f in result.quota_types.items() if k[0] == start})
+        series.append({"since": iso(start), "until": iso(end), "rows": _rows(bucket, "quota", None, start, end, priced)})
     return series
 
 
-def _rows(result: Account, by: str, owners: dict[str, str] | None, since: float, until: float) -> list[dict[str, Any]]:
+def prices(quota_file: QuotaFile) -> dict[tuple[str, str | None], float]:
+    """(quota, GPU type) -> the price of one GPU-hour there (the type None in an untyped job queue)."""
+    return {(quota.name, gpu_type): price for queue in quota_file.queues
+            for gpu_type, price in queue.gpu_hour_price.items() for quota in queue.quotas}
+
+
+def _rows(
+    result: Account, by: str, owners: dict[str, str] | None, since: float, until: float,
+    priced: dict[tuple[str, str | None], float],
+) -> list[dict[str, Any]]:
+    per_type = any(key[2] is not None for key in result.quota_types) or any(key[2] is not None for key in result.dag_types)
+    cost = costs(result, priced, by=by, owners=owners, per_type=per_type) if priced else {}
     rows = []
-    for key, figures in sorted(totals(result, by=by, owners=owners).items()):
-        row: dict[str, Any] = {by: key, "since": iso(since), "until": iso(until)}
+    for key, figures in sorted(totals(result, by=by, owners=owners, per_type=per_type).items(), key=_sort_key):
+        row: dict[str, Any] = {by: key[0], "gpu_type": key[1]} if per_type else {by: key}
+        row.update(since=iso(since), until=iso(until))
         if by == "quota":
             row["capacity_s"] = round(figures.capacity_s, 3)
         for kind in KINDS:
             if by == "quota" or kind not in ("lent", "idle"):
                 row[kind] = round(getattr(figures, kind), 3)
+        if priced:
+            row["cost"] = None if cost.get(key) is None else round(cost[key], 4)
         rows.append(row)
     return rows
 
 
-def columns(by: str) -> list[str]:
-    """The columns of :func:`usage_report`'s rows, in table and CSV order."""
-    return [by, *(["capacity_s", *KINDS] if by == "quota" else [k for k in KINDS if k not in ("lent", "idle")])]
+def _sort_key(item: tuple[Any, Any]) -> Any:
+    key = item[0]
+    return (key[0], key[1] or "") if isinstance(key, tuple) else key
+
+
+def columns(by: str, rows: Sequence[dict[str, Any]] = ()) -> list[str]:
+    """The columns of :func:`usage_report`'s ``rows``, in table and CSV order: ``gpu_type`` after the
+    name where the rows are per GPU type, ``cost`` last where the quota file prices GPU-hours."""
+    kinds = ["capacity_s", *KINDS] if by == "quota" else [k for k in KINDS if k not in ("lent", "idle")]
+    typed = ["gpu_type"] if any("gpu_type" in row for row in rows) else []
+    cost = ["cost"] if any("cost" in row for row in rows) else []
+    return [by, *typed, *kinds, *cost]
 
 
 def usage_csv(rows: list[dict[str, Any]], by: str) -> str:
@@ -189,7 +220,7 @@ def usage_csv(rows: list[dict[str, Any]], by: str) -> str:
     import io
 
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=[*columns(by), "since", "until"], lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=[*columns(by, rows), "since", "until"], lineterminator="\n")
     writer.writeheader()
     writer.writerows({key: csv_cell(value) for key, value in row.items()} for row in rows)
     return out.getvalue()

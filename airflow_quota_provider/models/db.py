@@ -13,7 +13,7 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _REVISION_HEADS_MAP: dict[str, str] = {
     "0.1.0": "0001_quota",
-    "0.2.0": "0011_gpu_types",
+    "0.2.0": "0012_usage_per_gpu_type",
 }
 """Provider release -> Alembic head at that release."""
 

@@ -31,7 +31,7 @@ from airflow_quota_provider.models.base import QuotaBase
 from airflow_quota_provider.models.coordination import db_now
 from airflow_quota_provider.models.gang import gang_hosts
 from airflow_quota_provider.policy import Job, PolicyError
-from airflow_quota_provider.policy.config import cohort_to_dict, quota_to_dict
+from airflow_quota_provider.policy.config import queue_to_dict
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -269,6 +269,8 @@ class QuotaEvent(QuotaBase):
     the scheduler could see its checkpoints; None: no checkpoint in that run, or none visible."""
     detail: Mapped[str | None] = mapped_column(Text)
     """On ``config_loaded``: the quota file's job queues as JSON, in the quota file's form."""
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    """The GPU type the job holds (or held) devices of, where it has one: usage is accounted per type."""
 
     def to_dict(self) -> dict[str, Any]:
         return {c.name: getattr(self, c.name) for c in self.__table__.columns}
@@ -436,13 +438,15 @@ def device_sort_key(device: str) -> tuple[int, str]:
 
 def record_event(kind: EventKind, *, job: QuotaJob | None = None, session: Session, **fields: Any) -> QuotaEvent:
     """Append one audit event; ``fields`` are columns of :class:`QuotaEvent`. It is stamped by the
-    database's clock, which every scheduler and host shares."""
+    database's clock, which every scheduler and host shares. A ``job``'s event carries its quota and,
+    while it holds devices of one, its GPU type."""
     event = QuotaEvent(at=fields.pop("at", None) or db_now(session), kind=EventKind(kind).value, **fields)
     if job is not None:
         event.job_id = job.id
         event.dag_id, event.run_id, event.task_id = job.dag_id, job.run_id, job.task_id
         event.map_index = job.map_index
         event.quota = event.quota or job.quota
+        event.gpu_type = event.gpu_type or job.gpu_type
     session.add(event)
     return event
 
@@ -451,13 +455,7 @@ def record_config_loaded(quota_file: QuotaFile, path: str, *, session: Session) 
     """Record that ``quota_file`` (read from ``path``) is in force from now on: its job queues go in
     ``detail``, in the quota file's own form, so usage accounting charges each moment with the
     capacities then in force (:func:`~airflow_quota_provider.models.usage.config_history`)."""
-    queues = [
-        {"name": queue.name, "capacity": queue.capacity,
-         **({"capacity_unit": queue.capacity_unit} if queue.capacity_unit else {}),
-         "quotas": [quota_to_dict(quota) for quota in queue.quotas],
-         "cohorts": [cohort_to_dict(cohort) for cohort in queue.cohorts]}
-        for queue in quota_file.queues
-    ]
+    queues = [queue_to_dict(queue) for queue in quota_file.queues]
     return record_event(EventKind.CONFIG_LOADED, session=session, message=path, detail=dumps({"queues": queues}))
 
 

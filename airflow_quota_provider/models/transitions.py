@@ -119,6 +119,7 @@ def admit(
     A gang's nodes (``gang``, node 0's being ``host`` and ``devices``) are all allocated at once,
     one ``admitted`` event per node."""
     _require(job, "admit", JobState.PENDING)
+    job.gpu_type = gpu_type  # before its admitted events, which record it: usage is accounted per type
     nodes = [(n.host, n.devices) for n in gang.nodes] if gang else [(host, devices)]
     for rank, (node_host, node_devices) in enumerate(nodes):
         allocate_devices(job, node_host, node_devices, session=session)
@@ -128,7 +129,6 @@ def admit(
     if gang is not None:
         gang.save(job)
     job.state, job.started_at, job.host, job.handle = JobState.RUNNING.value, now, host, None
-    job.gpu_type = gpu_type
     _clear_pending(job)
 
 

@@ -52,6 +52,9 @@ class QuotaUsageDaily(QuotaBase):
     """Empty for a pool row."""
     dag_id: Mapped[str] = mapped_column(String(250), primary_key=True)
     """Empty for quota and pool rows; ``-`` for holds without a DAG."""
+    gpu_type: Mapped[str] = mapped_column(String(64), primary_key=True, default="", server_default="")
+    """Quota and DAG rows: the GPU type the figures are of (a quota's are per type in a job queue
+    with GPU types); empty where untyped, and for pool rows (summed over the types)."""
     capacity_s: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
     used_within: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
     borrowed: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
@@ -64,7 +67,7 @@ class QuotaUsageDaily(QuotaBase):
 
 _KINDS = ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost")
 _EVENT_COLUMNS = (QuotaEvent.at, QuotaEvent.kind, QuotaEvent.job_id, QuotaEvent.quota, QuotaEvent.dag_id,
-                  QuotaEvent.devices, QuotaEvent.checkpoint_at)
+                  QuotaEvent.devices, QuotaEvent.checkpoint_at, QuotaEvent.gpu_type)
 """What accounting reads of an event, in :class:`~airflow_quota_provider.policy.accounting.Event`'s order."""
 
 
@@ -182,13 +185,13 @@ def rolled_until(*, session: Session) -> float | None:
 
 
 def store_rollup(account: Account, queue_of: dict[str, str], *, session: Session) -> None:
-    """Write an account of whole UTC days as roll-up rows."""
-    for (day, quota), f in account.quotas.items():
+    """Write an account of whole UTC days as roll-up rows: quotas' and DAGs' per GPU type, pools' summed."""
+    for (day, quota, gpu_type), f in account.quota_types.items():
         session.add(QuotaUsageDaily(day=day, scope=QUOTA, queue=queue_of[quota], quota=quota, dag_id="",
-                                    **{k: getattr(f, k) for k in _KINDS}))
-    for (day, quota, dag_id), f in account.dags.items():
+                                    gpu_type=gpu_type or "", **{k: getattr(f, k) for k in _KINDS}))
+    for (day, quota, gpu_type, dag_id), f in account.dag_types.items():
         session.add(QuotaUsageDaily(day=day, scope=DAG, queue=queue_of[quota], quota=quota, dag_id=dag_id or "-",
-                                    **{k: getattr(f, k) for k in _KINDS}))
+                                    gpu_type=gpu_type or "", **{k: getattr(f, k) for k in _KINDS}))
     for (day, queue), f in account.pools.items():
         session.add(QuotaUsageDaily(day=day, scope=POOL, queue=queue, quota="", dag_id="",
                                     capacity_s=f.capacity_s, drawn=f.drawn))
@@ -196,7 +199,8 @@ def store_rollup(account: Account, queue_of: dict[str, str], *, session: Session
 
 
 def read_rollup(since: float, until: float, *, session: Session) -> Account:
-    """The rolled-up days in [since, until) as an account (one period per day)."""
+    """The rolled-up days in [since, until) as an account (one period per day), quotas' and DAGs'
+    figures per GPU type and summed over the types."""
     rows = session.scalars(
         select(QuotaUsageDaily).where(QuotaUsageDaily.day >= since, QuotaUsageDaily.day < until)
         .order_by(QuotaUsageDaily.day)
@@ -204,10 +208,14 @@ def read_rollup(since: float, until: float, *, session: Session) -> Account:
     result = Account(sorted({(r.day, r.day + DAY_S) for r in rows}), {}, {}, {})
     for r in rows:
         figures = Figures(**{k: getattr(r, k) for k in _KINDS})
+        gpu_type = r.gpu_type or None
         if r.scope == QUOTA:
-            result.quotas[(r.day, r.quota)] = figures
+            result.quota_types[(r.day, r.quota, gpu_type)] = figures
+            result.quotas.setdefault((r.day, r.quota), Figures()).add(figures)
         elif r.scope == DAG:
-            result.dags[(r.day, r.quota, None if r.dag_id == "-" else r.dag_id)] = figures
+            dag_id = None if r.dag_id == "-" else r.dag_id
+            result.dag_types[(r.day, r.quota, gpu_type, dag_id)] = figures
+            result.dags.setdefault((r.day, r.quota, dag_id), Figures()).add(figures)
         else:
             result.pools[(r.day, r.queue)] = PoolFigures(r.capacity_s, r.drawn)
     return result

@@ -46,5 +46,5 @@ def test_migrations_match_the_orm_and_downgrade(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["after_upgrade"] == out["orm"]
-    assert out["revision"] == "0011_gpu_types" and out["check"] is True
+    assert out["revision"] == "0012_usage_per_gpu_type" and out["check"] is True
     assert out["after_downgrade"] == []

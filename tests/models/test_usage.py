@@ -261,3 +261,109 @@ def test_the_csv_escapes_an_owner_that_starts_like_a_formula(history):
                         owners={"dag-borrower-across-midnight": "=cmd|' /C calc'!A0"})
     text = usage_csv(rows, "owner")
     assert "\n'=cmd|' /C calc'!A0," in text and "\n=cmd" not in text
+
+
+# ---------------------------------------------------------------------------------- GPU types and prices
+
+PRICED = """
+  - name: mixed
+    gpu_hour_price: {h100: 4.0, a100: 2.0}
+  - name: lab
+    gpu_hour_price: 0.5
+"""
+
+
+def _priced_typed_file() -> QuotaFile:
+    """tests/test_usage.py's typed quota file, with a price per GPU-hour on each job queue."""
+    import yaml
+
+    from airflow_quota_provider.policy import parse_quota_file
+    from tests.test_usage import TYPED_QUOTAS
+
+    data = yaml.safe_load(TYPED_QUOTAS)
+    for queue, priced in zip(data["queues"], yaml.safe_load(PRICED)):
+        queue["gpu_hour_price"] = priced["gpu_hour_price"]
+    return parse_quota_file(data)
+
+
+def test_the_cli_and_the_api_charge_a_typed_queue_per_gpu_type_with_its_cost(session, monkeypatch, capsys):
+    """Jobs admitted on a GPU type (their admitted events record it) are charged on that type's row;
+    each row's cost is its used_within + borrowed GPU-hours at its type's price; CSV and REST agree."""
+    import argparse
+    import csv
+    import io
+    import json
+    import time
+    from contextlib import contextmanager
+
+    from airflow_quota_provider.cli import quota_command
+    from airflow_quota_provider.plugins import services
+    from tests.plugins.seed import seed_into
+    from tests.test_usage import TYPED_JOBS
+
+    quota_file = _priced_typed_file()
+    now = time.time()
+    _loaded(session, quota_file, now - 600)  # the audit log keeps the typed file: the report charges with it
+    seed_into(list(TYPED_JOBS), session=session)
+    assert {e.gpu_type for e in session.scalars(select(QuotaEvent).where(QuotaEvent.kind == "admitted"))} == {"h100", "a100", None}
+
+    @contextmanager
+    def create_session():
+        yield session
+
+    monkeypatch.setattr(quota_command, "create_session", create_session)
+    monkeypatch.setattr(quota_command, "_quota_file", lambda: quota_file)
+    since, until = str(now - 600), str(now + 3600)
+    usage = lambda **kw: quota_command.usage(argparse.Namespace(since=since, until=until, verbose=False, **kw))  # noqa: E731
+
+    usage(by="quota", output="json")
+    rows = {(r["quota"], r["gpu_type"]): r for r in json.loads(capsys.readouterr().out)}
+    assert list(rows) == [("team-a", "a100"), ("team-a", "h100"), ("team-b", "a100"), ("team-b", "h100"), ("team-lab", None)]
+    on_h100 = rows[("team-a", "h100")]  # 3 GPUs on its 2 H100s: one borrowed, though its A100s are idle
+    assert on_h100["borrowed"] == pytest.approx(on_h100["used_within"] / 2) and on_h100["borrowed"] > 3500
+    assert rows[("team-a", "a100")]["used_within"] == 0 and rows[("team-b", "h100")]["lent"] == pytest.approx(on_h100["borrowed"])
+    for (quota, gpu_type), row in rows.items():
+        price = {"h100": 4.0, "a100": 2.0, None: 0.5}[gpu_type]
+        assert row["cost"] == pytest.approx((row["used_within"] + row["borrowed"]) / 3600 * price, abs=1e-3)
+        assert row["used_within"] + row["lent"] + row["idle"] == pytest.approx(row["capacity_s"])
+
+    usage(by="quota", output="csv")
+    text = capsys.readouterr().out
+    assert text.startswith("quota,gpu_type,capacity_s,used_within,borrowed,lent,idle,lost,cost,since,until\n")
+    assert {(r["quota"], r["gpu_type"] or None): float(r["cost"]) for r in csv.DictReader(io.StringIO(text))} == {
+        key: row["cost"] for key, row in rows.items()}
+    api = services.usage(quota_file, since, until, "quota", session=session)
+    assert {(r.key, r.gpu_type): r.cost for r in api.rows} == {key: row["cost"] for key, row in rows.items()}
+
+    usage(by="dag", output="json")
+    dags = {(r["dag"], r["gpu_type"]): r["cost"] for r in json.loads(capsys.readouterr().out)}
+    assert set(dags) == {("quota_cases", "a100"), ("quota_cases", "h100"), ("quota_cases", None)}
+    assert sum(dags.values()) == pytest.approx(sum(row["cost"] for row in rows.values()), abs=1e-3)
+    usage(by="dag", output="table")
+    assert capsys.readouterr().out.splitlines()[0].split() == ["dag", "gpu_type", "used_within", "borrowed", "lost", "cost"]
+
+
+def test_an_untyped_unpriced_report_has_no_gpu_type_or_cost_column(history):
+    rows = _all(history)
+    assert all("gpu_type" not in row and "cost" not in row for by in rows.values() for row in by)
+    assert usage_csv(rows["quota"], "quota").startswith("quota,capacity_s,used_within,borrowed,lent,idle,lost,since,until\n")
+
+
+def test_roll_up_and_clean_keep_the_figures_per_gpu_type(session):
+    """A day of a typed queue rolled up reads back per type, with the same costs."""
+    quota_file = _priced_typed_file()
+    _loaded(session, quota_file, DAY0)
+    for name, quota, gpu_type, devices in (("a-h100", "team-a", "h100", "0,1,2"), ("b-a100", "team-b", "a100", "3,4"),
+                                           ("lab", "team-lab", None, "5")):
+        job = _job(session, name, quota, JobState.FINISHED, DAY0 + 7200)
+        for kind, at in (("admitted", DAY0 + 3600), ("released", DAY0 + 7200), ("finished", DAY0 + 7200)):
+            session.add(QuotaEvent(at=at, kind=kind, job_id=job.id, dag_id=job.dag_id, quota=quota, gpu_type=gpu_type,
+                                   devices=devices if kind != "finished" else None))
+    session.flush()
+    reports = lambda: {by: usage_report(quota_file, DAY0, DAY0 + 2 * DAY_S, by=by, session=session)  # noqa: E731
+                       for by in ("quota", "dag")}
+    before = reports()
+    h100 = next(r for r in before["quota"] if (r["quota"], r["gpu_type"]) == ("team-a", "h100"))
+    assert (h100["used_within"], h100["borrowed"], h100["cost"]) == (2 * 3600, 3600, 12.0)
+    assert db_clean(quota_file, 0, session=session, now=DAY0 + 2 * DAY_S)["days_rolled_up"] == 2
+    assert reports() == before
