@@ -84,7 +84,8 @@ QUOTA_COMMANDS: list[ActionCommand] = [
     ),
     ActionCommand(
         name="usage",
-        help="GPU-seconds used within capacity, borrowed, lent, idle and lost to preemption, per quota, DAG or owner",
+        help="GPU-seconds used within capacity, borrowed, lent, idle and lost to preemption, per quota, DAG or owner "
+             "(and GPU type), with their cost where the quota file has a gpu_hour_price",
         func=lazy_load_command("airflow_quota_provider.cli.quota_command.usage"),
         args=(ARG_SINCE, ARG_UNTIL, ARG_BY, ARG_USAGE_OUTPUT, ARG_VERBOSE),
     ),
