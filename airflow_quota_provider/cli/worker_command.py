@@ -98,8 +98,15 @@ def _gpu_type(given: str | None, queue: str, types: tuple[str, ...] | None, devi
             raise SystemExit(f"Error: {e}")
         log.warning("Job queue %s has no GPU types, so this host serves it untyped: %s", queue, e)
         return None
-    if types and found is None:
+    if found is None and types != ():
         why = "virtual GPUs have none" if source == VIRTUAL_GPUS else "nvidia-smi does not say"
+        if types is None:  # the scheduler logs it too, once the host serves a typed queue
+            log.warning(
+                "This host's GPU type is unknown (%s) and there is no quota file here ([quota] quota_file) to check "
+                "job queue %s against: if it has GPU types, this host's GPUs count for none of them and no job "
+                "starts here; pass --gpu-type", why, queue,
+            )
+            return None
         raise SystemExit(
             f"Error: --gpu-type is required: job queue {queue} has GPU types {', '.join(types)} and this host's "
             f"type is unknown ({why})"

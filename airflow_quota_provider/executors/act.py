@@ -15,6 +15,7 @@ from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.gang import GangState
 from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, allocated_devices, devices_of, preemption_count, record_event
 from airflow_quota_provider.policy.preemption_policy import grace_period_of
+from airflow_quota_provider.policy.types import running_by_type
 from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY, PreemptionNotice, TaskEnvironment
 
 if TYPE_CHECKING:
@@ -75,9 +76,10 @@ class Actor:
             job = _load(session, preemption.id)
             if job.state == JobState.RUNNING.value:
                 self._preempt(job, preemption, queue, cycle)
-        in_use: dict[tuple[str | None, str], int] = {}  # (GPU type, quota) -> GPUs
-        for job in queue.running:
-            in_use[job.gpu_type, job.quota] = in_use.get((job.gpu_type, job.quota), 0) + job.gpus
+        in_use: dict[tuple[str | None, str], int] = {}  # (GPU type, quota) -> GPUs, as the policy counted them
+        for gpu_type, jobs in (running_by_type(queue.state) if queue.queue.types else {None: queue.running}).items():
+            for job in jobs:
+                in_use[gpu_type, job.quota] = in_use.get((gpu_type, job.quota), 0) + job.gpus
         held = set(allocated_devices(session=session)) if decision.admit else set()
         admitted = []
         for job_id in decision.admit:

@@ -3,6 +3,7 @@ asks the policy core what to do. Acting on the answer is :mod:`.act`'s."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from airflow_quota_provider.executors.runtimes import CheckpointTimes
 
 
+log = logging.getLogger(__name__)
+
 NO_HOST = "(no GPU host registered yet)"
 _DECIDED_ON = ActiveJob._fields.index("pending_reason")
 """The columns of :class:`ActiveJob` that the policy's view of a job depends on come first."""
@@ -41,6 +44,8 @@ class QueueCycle:
     """The waiting jobs by id (the policy gets them as the queue's :class:`Backlog`)."""
     said: dict[str, tuple[str | None, int | None]] = field(default_factory=dict)
     """Waiting job id -> (pending reason, position) as its row says now."""
+    state: State | None = None
+    """What the policy decided on."""
     decision: Decision | None = None
 
 
@@ -68,6 +73,8 @@ class Scheduler:
         """Job queue -> its waiting jobs in queue order, kept between cycles."""
         self.states: dict[str, State] = {}
         """Job queue -> the state of the last cycle that decided it (for the metrics and forecasts)."""
+        self._told: set[tuple[str, str, str | None, tuple[str, ...]]] = set()
+        """(job queue, host, its GPU type, the queue's types) already logged as a host of none of them."""
 
     def plan(self, cycle: Cycle) -> Plan:
         """Decide for every job queue with jobs.
@@ -85,7 +92,7 @@ class Scheduler:
         kept = {name: b for name, b in self._backlogs.items() if name not in cycle.locked}
         self._backlogs = kept | {c.queue.name: _backlog(self._backlogs.get(c.queue.name), c.pending) for c in plan.queues}
         for queue in plan.queues:
-            state = self.states[queue.queue.name] = self._policy_state(queue, self._backlogs[queue.queue.name])
+            state = queue.state = self.states[queue.queue.name] = self._policy_state(queue, self._backlogs[queue.queue.name])
             queue.decision = decide(state, cycle.now)
         return plan
 
@@ -146,6 +153,8 @@ class Scheduler:
         if not self.launcher.places_on_hosts:
             return State.for_queue(queue.queue, queue.running, backlog)
         types = queue.queue.types
+        if types:
+            self._tell_hosts_of_no_type(queue)
         hosts = {
             h.name: Host(h.name, len(h.devices), down=not h.up, type=h.gpu_type if types else None) for h in queue.hosts
         }
@@ -164,6 +173,22 @@ class Scheduler:
         if not hosts:
             hosts[NO_HOST] = Host(NO_HOST, queue.queue.capacity, down=True)
         return State.for_queue(queue.queue, queue.running, backlog, hosts=sorted(hosts.values(), key=lambda h: h.name))
+
+    def _tell_hosts_of_no_type(self, queue: QueueCycle) -> None:
+        """Log, once per host and type, a host serving a typed job queue with none of its types (its
+        worker started before the file had types, or with a type the file has since dropped): its GPUs
+        count for no type and no job starts there (:mod:`~airflow_quota_provider.policy.types`)."""
+        names = tuple(t.name for t in queue.queue.types)
+        for host in queue.hosts:
+            key = (queue.queue.name, host.name, host.gpu_type, names)
+            if host.gpu_type in names or key in self._told:
+                continue
+            self._told.add(key)
+            log.warning(
+                "Host %s has GPU type %s; job queue %s lists %s: its GPUs count for none of them and no job starts "
+                "there until its worker starts again with --gpu-type (one of them)",
+                host.name, host.gpu_type, queue.queue.name, ", ".join(names),
+            )
 
 
 def _backlog(backlog: Backlog | None, pending: dict[str, Job]) -> Backlog:

@@ -259,6 +259,15 @@ def test_virtual_gpus_of_a_type_of_the_job_queue_register_with_it():
     assert _gpu_type("plain") is None
 
 
+def test_a_host_of_unknown_type_with_no_quota_file_to_check_says_it_counts_for_no_type_of_a_typed_queue(caplog):
+    from airflow_quota_provider.cli.worker_command import _gpu_type
+    from airflow_quota_provider.executors.config import discover_devices
+
+    assert _gpu_type(None, "fleet", None, *discover_devices("", 2)) is None
+    assert "virtual GPUs have none) and there is no quota file here ([quota] quota_file) to check job queue fleet" in caplog.text
+    assert "this host's GPUs count for none of them and no job starts here; pass --gpu-type" in caplog.text
+
+
 def test_the_worker_refuses_a_host_of_several_gpu_models_before_it_registers(nvidia_smi, tmp_path):
     nvidia_smi(H100, A100)
     (tmp_path / "quotas.yaml").write_text(TYPED)

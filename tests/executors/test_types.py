@@ -78,8 +78,8 @@ def _sent(app, host: str) -> list[dict[str, str]]:
             message.ack()
 
 
-def _asks(db, executor, task_id: str, gpu_type=None, *, quota: str = "team-a") -> QuotaJob:
-    asked = {} if gpu_type is None else {"gpu_type": gpu_type}
+def _asks(db, executor, task_id: str, gpu_type=None, *, quota: str = "team-a", gpus: int = 1) -> QuotaJob:
+    asked = {"gpus": gpus} if gpu_type is None else {"gpus": gpus, "gpu_type": gpu_type}
     executor.queue_workload(_airflow_queues(db, task_id, quota=quota, priority=1, executor_config={"quota": asked}), db)
     return db.scalar(select(QuotaJob).where(QuotaJob.task_id == task_id))
 
@@ -150,6 +150,38 @@ def test_a_type_no_host_has_registered_yet_keeps_its_jobs_waiting(db, parts, exe
     assert (job.state, job.report) == (JobState.PENDING.value, None), job.message
     assert job.pending_reason.startswith("a100: no host has 1 free GPU"), job.pending_reason
     assert "(no a100 GPU host registered yet) down" in job.pending_reason
+
+
+def test_a_running_job_without_a_gpu_type_counts_on_its_hosts_type(db, parts, executor):
+    """A job admitted before the queue had types (its row has no type) holds both GPUs of types-h100:
+    h100 counts them, so an untyped job takes a100, not GPUs of types-h100 that are held."""
+    before = _asks(db, executor, "before_types", "h100", gpus=2)
+    parts.decide_and_act()
+    assert (before.state, before.host) == (JobState.RUNNING.value, "types-h100")
+    db.execute(update(QuotaJob).where(QuotaJob.id == before.id).values(gpu_type=None))
+    untyped = _asks(db, executor, "untyped", quota="team-b")
+    parts.decide_and_act()
+    assert (untyped.state, untyped.host, untyped.gpu_type) == (JobState.RUNNING.value, "types-a100", "a100")
+
+
+def test_a_host_of_none_of_the_queues_types_holds_no_job_is_logged_once_and_named_in_waiting_reasons(
+    db, parts, executor, caplog
+):
+    register_host("types-none", queues=["typed"], devices=["0", "1", "2", "3"], celery_name="celery@types-none", session=db)
+    holders = [_asks(db, executor, f"h100_{quota}", "h100", quota=quota) for quota in ("team-a", "team-b")]
+    parts.decide_and_act()
+    waiting = _asks(db, executor, "waits", "h100")
+    parts.decide_and_act()
+    assert [j.host for j in holders] == ["types-h100", "types-h100"]
+    assert waiting.state == JobState.PENDING.value
+    assert waiting.pending_reason.startswith("h100: ") and waiting.pending_reason.endswith(
+        "; counted for no GPU type: hosts of none of this job queue's GPU types (h100, a100): types-none (GPU type none)"
+    ), waiting.pending_reason
+    told = [r.getMessage() for r in caplog.records if "types-none" in r.getMessage()]
+    assert told == [
+        "Host types-none has GPU type None; job queue typed lists h100, a100: its GPUs count for none of them and "
+        "no job starts there until its worker starts again with --gpu-type (one of them)"
+    ]
 
 
 def test_the_type_is_forgotten_with_the_devices(db, parts, executor):
