@@ -2,14 +2,17 @@
 
     python benchmarks/simulate.py [--trace ../shared/traces/itp_elasticflow.csv]
                                   [--config examples/itp-quotas.yaml] [--policies quota,static,fifo]
-                                  [--hosts-per-queue N --gpus-per-host G] [--skip-trace] [--skip-kueue]
+                                  [--hosts-per-queue N --gpus-per-host G] [--types NAME=SHARE,...]
+                                  [--skip-trace] [--skip-kueue]
                                   [--jobs N] [--runtime-noise SIGMA,...] [--spare-finishing-within S,...]
                                   [--builds pure,compiled]
 
 Prints, per policy: wall-clock and CPU seconds of the replay, decisions made, and whether it met the
 goal of issue 16 (at most 10 s per policy); with hosts, the trace is replayed on N hosts of G GPUs per
 job queue (issue 10): jobs larger than a host run as gangs (issue 32), whose mean wait and that of the
-others are set against the pooled replay (no hosts); jobs no hosts can hold are counted. The ``quota`` policy is
+others are set against the pooled replay (no hosts); jobs no hosts can hold are counted. With
+``--types`` the ``quota`` policy is replayed again with the job queue split into those GPU types (issue
+33, each job drawn one type) against the untyped replay. The ``quota`` policy is
 replayed again with expected runtimes (exact, and noisy for each ``--runtime-noise`` sigma) to show
 the lost GPU-hours with and without them. Then, for Kueue's baseline shape (30 quotas in 5 job
 queues of 6, capacity 20 each, borrowing; per quota 350 jobs of 1 unit for 0.2 s, 100 of 5 for 0.5 s,
@@ -43,6 +46,7 @@ from airflow_quota_provider.simulation import (
     simulate,
 )
 from airflow_quota_provider.simulation.policies import POLICIES
+from airflow_quota_provider.simulation.typesplit import with_types
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_S = 10.0
@@ -79,10 +83,13 @@ def _to_last_admission(jobs) -> dict[str, float]:
 def _replay(args: tuple) -> tuple:
     """One replay in a worker process: (wall s, CPU s, policy's figures, jobs, mean waits of the jobs
     larger than ``split`` GPUs and of the others; None without ``split``)."""
-    trace, config, policy, hosts_per_queue, gpus_per_host, noise, *split = args
+    trace, config, policy, hosts_per_queue, gpus_per_host, noise, types, *split = args
     jobs = load_trace(trace)
     jobs, _ = assign_priorities(jobs, parse_priority_classes(PRIORITIES), seed=PRIORITY_SEED)
-    run = simulate(load_quota_file(config), jobs, [policy], hosts_per_queue=hosts_per_queue,
+    quota_file = load_quota_file(config)
+    if types is not None:
+        quota_file, jobs = with_types(quota_file, jobs, types, gpus_per_host, PRIORITY_SEED)
+    run = simulate(quota_file, jobs, [policy], hosts_per_queue=hosts_per_queue,
                    gpus_per_host=gpus_per_host, runtime_noise=noise)
     waits = None
     if split:
@@ -109,7 +116,7 @@ def trace_replay(trace: Path, config: Path, policies: list[str], hosts_per_queue
           f"{len(runs)} replays, {jobs_at_once} at once")
     print(f"{'policy':<18} {'wall s':>8} {'CPU s':>8} {'decisions':>10} {'goal <= 10 s':>13}  wait mean s  makespan s"
           f"  preemptions  lost GPU-h" + ("  rejected > host" if hosts else ""))
-    work = [(trace, config, policy, hosts_per_queue, gpus_per_host, noise) for policy, noise in runs]
+    work = [(trace, config, policy, hosts_per_queue, gpus_per_host, noise, None) for policy, noise in runs]
     with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
         for (policy, noise), (wall, cpu, figures, _, _) in zip(runs, pool.map(_replay, work)):
             overall = figures["overall"]
@@ -123,7 +130,7 @@ def gangs_against_pooled(trace: Path, config: Path, hosts_per_queue: int, gpus_p
     """Issue 32's figures: the ``quota`` policy on the hosts (jobs larger than a host run as gangs)
     against the same replay without hosts (every job pooled), mean wait of the jobs larger than a host
     and of the others (goals: at most 1.5 and 1.1 times the pooled ones)."""
-    work = [(trace, config, "quota", h, g, None, gpus_per_host) for h, g in ((hosts_per_queue, gpus_per_host), (None, None))]
+    work = [(trace, config, "quota", h, g, None, None, gpus_per_host) for h, g in ((hosts_per_queue, gpus_per_host), (None, None))]
     with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
         (_, cpu, figures, _, placed), (_, pooled_cpu, _, _, pooled) = pool.map(_replay, work)
     overall = figures["overall"]
@@ -134,6 +141,21 @@ def gangs_against_pooled(trace: Path, config: Path, hosts_per_queue: int, gpus_p
         ratio = placed[index] / pooled[index] if pooled[index] else float("nan")
         print(f"  {label:<18} mean wait {placed[index]:>9,.0f} s  no hosts {pooled[index]:>9,.0f} s  "
               f"ratio {ratio:.2f} (goal <= {goal}: {'met' if ratio <= goal else 'MISSED'})", flush=True)
+
+
+def types_against_untyped(trace: Path, config: Path, types: str, hosts_per_queue: int | None,
+                          gpus_per_host: int | None, jobs_at_once: int = 1) -> None:
+    """Issue 33: the ``quota`` policy with the job queue split into GPU types (``--types``: each job
+    drawn a type by the shares, so it may run on that type only) against the same replay untyped:
+    replay time and mean wait, the price of binding jobs to types."""
+    work = [(trace, config, "quota", hosts_per_queue, gpus_per_host, None, t) for t in (types, None)]
+    with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
+        (_, cpu, typed, _, _), (_, untyped_cpu, untyped, _, _) = pool.map(_replay, work)
+    wait, untyped_wait = typed["overall"]["wait_mean_s"], untyped["overall"]["wait_mean_s"]
+    print(f"types: quota policy split into {types} (each job drawn one type) against untyped; replay "
+          f"{cpu:.1f} s CPU (untyped {untyped_cpu:.1f} s, ratio {cpu / untyped_cpu:.2f}); mean wait {wait:,.0f} s "
+          f"(untyped {untyped_wait:,.0f} s, ratio {wait / untyped_wait:.2f}); rejected {typed['overall']['rejected']:,} "
+          f"(untyped {untyped['overall']['rejected']:,})", flush=True)
 
 
 def kueue_shape(policies: list[str], noises: list[float] = (), spares: tuple[float, ...] = SPARE_S) -> None:
@@ -211,6 +233,8 @@ def main() -> int:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--hosts-per-queue", type=int, default=None, metavar="N")
     parser.add_argument("--gpus-per-host", type=int, default=None, metavar="G")
+    parser.add_argument("--types", default=None, metavar="NAME=SHARE,...",
+                        help="also replay quota with the queue split into these GPU types, against untyped")
     parser.add_argument("--skip-trace", action="store_true")
     parser.add_argument("--skip-kueue", action="store_true")
     parser.add_argument("--jobs", type=int, default=1, metavar="N", help="replays at once (processes)")
@@ -243,6 +267,9 @@ def main() -> int:
             trace_replay(args.trace, args.config, policies, args.hosts_per_queue, args.gpus_per_host, args.jobs, noises)
             if args.hosts_per_queue is not None and "quota" in policies:
                 gangs_against_pooled(args.trace, args.config, args.hosts_per_queue, args.gpus_per_host, args.jobs)
+            if args.types is not None and "quota" in policies:
+                types_against_untyped(args.trace, args.config, args.types, args.hosts_per_queue, args.gpus_per_host,
+                                      args.jobs)
         except InputError as error:
             parser.error(str(error))
     if not args.skip_kueue:

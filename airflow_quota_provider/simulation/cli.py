@@ -19,6 +19,7 @@ from airflow_quota_provider.policy import PolicyError, load_quota_file
 from airflow_quota_provider.simulation.engine import CheckError
 from airflow_quota_provider.simulation.policies import POLICIES
 from airflow_quota_provider.simulation.runner import DEFAULT_CHECKPOINT_INTERVAL_S, Run, simulate
+from airflow_quota_provider.simulation.typesplit import with_types
 from airflow_quota_provider.simulation.workload import (
     InputError,
     assign_priorities,
@@ -75,7 +76,7 @@ SIMULATE_ARGS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--to-day",), {"type": _days, "default": None, "metavar": "D", "help": "... and before day D"}),
     (("--priority-classes",), {"default": None, "metavar": "NAME=SHARE:PRIORITY,...",
                                "help": "draw priorities for jobs without one, e.g. high=0.2:100,normal=0.8:10"}),
-    (("--seed",), {"type": int, "default": 1, "help": "seed of the priority draw (default 1)"}),
+    (("--seed",), {"type": int, "default": 1, "help": "seed of the priority and --types draws (default 1)"}),
     (("--checkpoint-interval",), {"type": _seconds, "default": DEFAULT_CHECKPOINT_INTERVAL_S, "metavar": "S",
                                   "help": "run time between checkpoints for jobs without checkpoint_interval_s "
                                           f"(default {DEFAULT_CHECKPOINT_INTERVAL_S:g}; 0: none)"}),
@@ -84,6 +85,10 @@ SIMULATE_ARGS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                                       "--gpus-per-host; N x G must be each queue's capacity)"}),
     (("--gpus-per-host",), {"type": _count, "default": None, "metavar": "G",
                             "help": "GPUs per host (with --hosts-per-queue); jobs above G GPUs run as gangs of hosts"}),
+    (("--types",), {"default": None, "metavar": "NAME=SHARE,...",
+                    "help": "split each job queue's capacity into GPU types by these shares, in this order of "
+                            "preference (on hosts: whole hosts per type), and draw a type for each job without "
+                            "one by the same shares (with --seed), e.g. h100=0.25,a100=0.5,l4=0.25"}),
     (("--runtime-noise",), {"type": _sigma, "default": None, "metavar": "SIGMA",
                             "help": "tell the policy each job's expected runtime: its work left times "
                                     "exp(N(0, SIGMA)) (0: exact); default: runtimes unknown"}),
@@ -150,6 +155,8 @@ def run_from_args(args: argparse.Namespace) -> Run:
     jobs = load_trace(args.trace)
     jobs, class_names = assign_priorities(jobs, classes, args.seed)
     jobs = select_days(jobs, args.from_day, args.to_day)
+    if args.types is not None:
+        quota_file, jobs = with_types(quota_file, jobs, args.types, args.gpus_per_host, args.seed)
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -165,7 +172,8 @@ def run_from_args(args: argparse.Namespace) -> Run:
         "from_day": args.from_day,
         "to_day": args.to_day,
         "priority_classes": args.priority_classes,
-        "seed": args.seed if classes else None,
+        "seed": args.seed if classes or args.types else None,
+        **({"types": args.types} if args.types else {}),
     }
     with _Progress() as progress:
         run = simulate(quota_file, jobs, policies, checkpoint_interval_s=args.checkpoint_interval,

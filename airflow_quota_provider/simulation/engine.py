@@ -339,7 +339,8 @@ class Simulator:
             job = SimJob(trace, quota, run, priority, checkpoint or 0.0)
             nodes = 1 if run.largest_host is None or trace.gpus <= run.largest_host else gang_nodes(trace.gpus, run.largest_host)
             job.job = Job(id=trace.id, quota=setup.fifo_quota.get(queue_name, quota), gpus=trace.gpus,
-                          priority=priority, submitted_at=trace.submit_time_s, nodes=nodes)
+                          priority=priority, submitted_at=trace.submit_time_s, nodes=nodes,
+                          gpu_types=trace.gpu_types)
             self.jobs[trace.id] = job
         if teams_unknown:
             names = ", ".join(q.name for queue in quota_file.queues for q in queue.quotas)
@@ -399,7 +400,7 @@ class Simulator:
     def _release(self, job: SimJob, now: float, *, lost_since: float | None = None) -> None:
         """Free the job's GPUs; ``lost_since``: it was preempted and its work since then is lost."""
         self.holds.append(Hold(job.trace.id, job.quota, job.trace.gpus, job.start, now, None,
-                               lost_since is not None, lost_since))
+                               lost_since is not None, lost_since, job.job.gpu_type))
         usage = self.usage[job.quota]
         usage.change(now, -job.trace.gpus)
         job.queue.used -= job.trace.gpus

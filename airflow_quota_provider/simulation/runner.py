@@ -50,7 +50,17 @@ def uniform_fleet(
             raise InputError("--hosts-per-queue", f"{hosts_per_queue} hosts of {gpus_per_host} GPUs are "
                              f"{hosts_per_queue * gpus_per_host} GPUs; job queue {queue.name} has {queue.capacity} "
                              f"(they must be equal)")
-        fleet[queue.name] = tuple(Host(f"{queue.name}-{n:0{width}d}", gpus_per_host) for n in range(1, hosts_per_queue + 1))
+        # A queue with GPU types: each type's capacity is whole hosts of its type, in the queue's order.
+        kinds: list[str | None] = [None] * hosts_per_queue
+        if queue.types:
+            kinds = []
+            for gpu_type in queue.types:
+                if gpu_type.capacity % gpus_per_host:
+                    raise InputError("--gpus-per-host", f"GPU type {gpu_type.name} of job queue {queue.name} has "
+                                     f"{gpu_type.capacity} GPUs, not whole hosts of {gpus_per_host}")
+                kinds += [gpu_type.name] * (gpu_type.capacity // gpus_per_host)
+        fleet[queue.name] = tuple(Host(f"{queue.name}-{n:0{width}d}", gpus_per_host, type=kind)
+                                  for n, kind in enumerate(kinds, start=1))
     return fleet
 
 

@@ -18,7 +18,7 @@ from airflow_quota_provider.policy import PreemptionPolicy, Queue, Quota, QuotaF
 
 SECONDS_PER_DAY = 86_400.0
 REQUIRED_COLUMNS = ("job_id", "team", "submit_time_s", "duration_s", "gpus")
-OPTIONAL_COLUMNS = ("priority", "checkpoint_interval_s")
+OPTIONAL_COLUMNS = ("priority", "checkpoint_interval_s", "gpu_type")
 
 
 class InputError(ValueError):
@@ -45,6 +45,9 @@ class TraceJob:
     """None: not in the trace; the run's default decides."""
     size_class: str | None = None
     """A label used for per-class figures (the Kueue shape's small/medium/large)."""
+    gpu_types: tuple[str, ...] = ()
+    """The GPU types it may run on, in its order of preference (column ``gpu_type``: names separated
+    by ``|``); empty: any."""
 
 
 def _number(text: str, where: str, column: str, *, integer: bool, minimum: float, above: bool = False) -> float:
@@ -84,6 +87,7 @@ def load_trace(path: str | Path) -> list[TraceJob]:
         i_id, i_team, i_submit, i_dur, i_gpus = (index[c] for c in REQUIRED_COLUMNS)
         i_prio = index.get("priority")
         i_ckpt = index.get("checkpoint_interval_s")
+        i_type = index.get("gpu_type")
         jobs: list[TraceJob] = []
         seen: dict[str, int] = {}
         for line, row in enumerate(reader, start=2):
@@ -115,6 +119,7 @@ def load_trace(path: str | Path) -> list[TraceJob]:
                 gpus=int(_number(row[i_gpus].strip(), where, "gpus", integer=True, minimum=1)),
                 priority=priority,
                 checkpoint_interval_s=checkpoint,
+                gpu_types=() if i_type is None else _gpu_types(row[i_type], where),
             ))
     if not jobs:
         raise InputError(name, "no jobs in the trace")
@@ -131,7 +136,18 @@ def write_trace(jobs: Iterable[TraceJob], path: str | Path) -> None:
                 job.id, job.team, _exact(job.submit_time_s), _exact(job.duration_s), job.gpus,
                 "" if job.priority is None else job.priority,
                 "" if job.checkpoint_interval_s is None else _exact(job.checkpoint_interval_s),
+                "|".join(job.gpu_types),
             ])
+
+
+def _gpu_types(text: str, where: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split("|")) if text.strip() else ()
+    # A name no job queue has is the policy's to refuse (the job is rejected, naming the queue's types).
+    if "" in names:
+        raise InputError(where, f"gpu_type: {text.strip()!r} has an empty name; GPU type names separated by '|'")
+    if len(set(names)) != len(names):
+        raise InputError(where, f"gpu_type: {text.strip()!r} names a type twice")
+    return names
 
 
 def _exact(seconds: float) -> str:
