@@ -23,7 +23,7 @@ class Running:
     """Running jobs by quota, with what they hold counted as they come and go."""
 
     __slots__ = ("_jobs", "_by_quota", "physical", "in_use", "_stopping", "_stoppable", "_own_min_runtime",
-                 "with_runtime", "_totals", "_started", "_unstarted", "_saved", "_ends", "_own_grace")
+                 "with_runtime", "_totals", "_started", "_unstarted", "_saved", "_ends", "_own_grace", "_types")
 
     def __init__(self, jobs: Iterable[Job] = ()) -> None:
         self._jobs: dict[str, Job] = {}
@@ -50,6 +50,8 @@ class Running:
         those with an expected runtime as ``(expected end, id)``, in order, kept from then on."""
         self._own_grace: dict[str, int] = {}
         """Per quota, how many of its jobs have a grace period of their own."""
+        self._types: dict[str, Running] | None = None
+        """Per GPU type, its running jobs (:meth:`of_type`), from the first call on."""
         for job in jobs:
             self._add(job)
             if job.started_at is not None:
@@ -66,6 +68,8 @@ class Running:
         if job.started_at is not None:
             insort(self._started.setdefault(job.quota, []), _start_key(job))
             self._by_work(job, insort)
+        if self._types is not None and job.gpu_type is not None:
+            self.of_type(job.gpu_type).add(job)
 
     def _add(self, job: Job) -> None:
         if job.id in self._jobs:
@@ -84,6 +88,8 @@ class Running:
             _delete(self._started[job.quota], _start_key(job))
             self._by_work(job, _delete)
         self._count(job, -1)
+        if self._types is not None and job.gpu_type is not None:
+            self._types[job.gpu_type].remove(job_id)
         return job
 
     def replace(self, job: Job) -> None:
@@ -108,6 +114,22 @@ class Running:
         self._jobs[job.id] = self._by_quota[job.quota][job.id] = job
         if job.preempted_for is not None:
             self._stopping[job.preempted_for][job.id] = job
+        if self._types is not None and job.gpu_type is not None:
+            self._types[job.gpu_type].swap(job)
+
+    def of_type(self, gpu_type: str) -> Running:
+        """The running jobs on ``gpu_type`` (a job queue with GPU types decides each type on its own,
+        :mod:`.types`), kept up to date with this object from the first call on, so that a caller that
+        keeps it between cycles (the simulator) does not count every running job again each cycle."""
+        if self._types is None:
+            self._types = {}
+            for job in self._jobs.values():
+                if job.gpu_type is not None:
+                    self._types.setdefault(job.gpu_type, Running()).add(job)
+        by_type = self._types.get(gpu_type)
+        if by_type is None:
+            by_type = self._types[gpu_type] = Running()
+        return by_type
 
     def _by_work(self, job: Job, change) -> None:
         """Insert (``insort``) or delete (:func:`_delete`) a started job's keys in :meth:`by_saved`'s
