@@ -14,7 +14,7 @@ import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from airflow_quota_provider.executors.local_launcher import kill_tree
@@ -45,6 +45,8 @@ class Fleet(AirflowInstance):
         super().__init__(home, database_url=f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}", **kw)
         self.workers: dict[str, subprocess.Popen] = {}
         self._worker_ports: dict[str, int] = {}
+        self._worker_options: dict[str, list[str]] = {}
+        """Host -> its ``airflow quota worker`` options beyond the fleet's own (kept for a restart)."""
         self._celery = None
 
     def worker_command(self, host: str) -> list[str]:
@@ -52,25 +54,35 @@ class Fleet(AirflowInstance):
             return ["celery", "worker", "--queues", "default", "--concurrency", str(self.gpus_per_host),
                     "--celery-hostname", host]
         return ["quota", "worker", "--queues", "gpu-fleet", "--hostname", host, "--virtual-gpus", str(self.gpus_per_host),
-                "--address", "127.0.0.1"]
+                "--address", "127.0.0.1", *self._worker_options.get(host, ())]
 
     def start_worker(self, host: str) -> subprocess.Popen:
-        """One GPU host with a log-server port and job directory of its own."""
-        port = self._worker_ports.setdefault(host, free_port(18600 + 10 * len(self._worker_ports), 18699))
-        log = open(self.home / f"worker-{host}.log", "ab")
-        env = {
-            **self.env,
-            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(port),
-            "AIRFLOW__QUOTA__STATE_DIR": str(self.home / f"host-{host}"),
-        }
-        proc = subprocess.Popen(
-            [str(VENV_BIN / "airflow"), *self.worker_command(host)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.home, start_new_session=True,
-        )
-        self.workers[host] = proc
-        wait_for(lambda: self._worker_ready(host), f"worker {host} to take tasks", timeout=120,
-                 on_timeout=lambda: self.tail(f"worker-{host}"))
-        return proc
+        """One GPU host with a log-server port and job directory of its own (with the options it was
+        first started with, :meth:`start_workers`)."""
+        self.start_workers([host])
+        return self.workers[host]
+
+    def start_workers(self, hosts: Iterable[str], options: Mapping[str, list[str]] | None = None) -> None:
+        """GPU hosts started at once, each as :meth:`start_worker`; ``options``: host -> ``airflow quota
+        worker`` options that replace the fleet's (``--queues``, ``--virtual-gpus``) or add to them
+        (``--gpu-type``)."""
+        self._worker_options.update(options or {})
+        hosts = list(hosts)
+        for host in hosts:
+            port = self._worker_ports.setdefault(host, free_port(18600 + 10 * len(self._worker_ports), 18699))
+            log = open(self.home / f"worker-{host}.log", "ab")
+            env = {
+                **self.env,
+                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(port),
+                "AIRFLOW__QUOTA__STATE_DIR": str(self.home / f"host-{host}"),
+            }
+            self.workers[host] = subprocess.Popen(
+                [str(VENV_BIN / "airflow"), *self.worker_command(host)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.home, start_new_session=True,
+            )
+        for host in hosts:
+            wait_for(lambda: self._worker_ready(host), f"worker {host} to take tasks", timeout=120,
+                     on_timeout=lambda: self.tail(f"worker-{host}"))
 
     def _worker_ready(self, host: str) -> bool:
         proc = self.workers[host]
@@ -149,8 +161,7 @@ def running_fleet(
     )
     try:
         instance.start()
-        for host in hosts:
-            instance.start_worker(host)
+        instance.start_workers(hosts)
         yield instance
     finally:
         instance.stop()

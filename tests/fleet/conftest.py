@@ -1,5 +1,6 @@
 """The fleet of the fleet tests (see tests/fleet_support.py): one job queue of three GPU hosts of 4
-virtual GPUs each, team-a and team-b 6 GPUs each; checkpoints in a directory the hosts share."""
+virtual GPUs each, team-a and team-b 6 GPUs each; checkpoints in a directory the hosts share. A
+second job queue, with GPU types, has its hosts started by the tests of types (test_types.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ queues:
     quotas:
       - {name: team-a, capacity: 6, grace_period_s: 10}
       - {name: team-b, capacity: 6, grace_period_s: 10}
+  - name: gpu-typed
+    capacity: {h100: 2, a100: 4}
+    fungibility: {when_can_borrow: try_next_type}
+    quotas:
+      - {name: team-c, capacity: {h100: 1, a100: 3}, grace_period_s: 10}
+      - {name: team-d, capacity: {h100: 1, a100: 1}, grace_period_s: 10}
 """
 
 

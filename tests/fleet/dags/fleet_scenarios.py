@@ -1,4 +1,5 @@
-"""DAGs of the fleet tests: one job queue of three 4-GPU hosts, team-a and team-b 6 GPUs each."""
+"""DAGs of the fleet tests: one job queue of three 4-GPU hosts, team-a and team-b 6 GPUs each; and
+a job queue with GPU types, team-c and team-d (tests/fleet/conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ STUB = Path(__file__).resolve().parents[2] / "executors" / "train_stub.py"
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 
-def train(task_id: str, quota: str, *, gpus: int, priority: int = 10, steps: int = 10, step_s: float = 0.5):
+def train(task_id: str, quota: str, *, gpus: int, priority: int = 10, steps: int = 10, step_s: float = 0.5,
+          gpu_type: str | None = None):
     return QuotaTrainingOperator(
         task_id=task_id,
         quota=quota,
         gpus=gpus,
         priority=priority,
+        gpu_type=gpu_type,
         command=[sys.executable, str(STUB), task_id, str(steps), str(step_s)],
     )
 
@@ -93,3 +96,14 @@ GANG_SLEEP = (
 )
 with DAG("gang_host_loss", schedule=None, start_date=START, catchup=False):
     QuotaTrainingOperator(task_id="pair", quota="team-a", gpus=1, nodes=2, command=[sys.executable, "-c", GANG_SLEEP])
+
+# GPU types: team-d borrows on both types, its a100 job at the lower priority; team-c then asks for
+# its h100 GPU back (a reclaim on h100 only) and runs an untyped job, which fits within its quota on
+# a100 only.
+with DAG("types_hold", schedule=None, start_date=START, catchup=False):
+    train("d_h100", "team-d", gpus=2, priority=5, steps=30, gpu_type="h100")
+    train("d_a100", "team-d", gpus=2, priority=1, steps=30, gpu_type="a100")
+
+with DAG("types_ask", schedule=None, start_date=START, catchup=False):
+    train("c_h100", "team-c", gpus=1, steps=20, gpu_type="h100")
+    train("c_any", "team-c", gpus=2, steps=4)
