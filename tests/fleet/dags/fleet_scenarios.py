@@ -101,8 +101,8 @@ with DAG("gang_host_loss", schedule=None, start_date=START, catchup=False):
 # its h100 GPU back (a reclaim on h100 only) and runs an untyped job, which fits within its quota on
 # a100 only.
 with DAG("types_hold", schedule=None, start_date=START, catchup=False):
-    train("d_h100", "team-d", gpus=2, priority=5, steps=30, gpu_type="h100")
-    train("d_a100", "team-d", gpus=2, priority=1, steps=30, gpu_type="a100")
+    train("d_h100", "team-d", gpus=2, priority=5, steps=40, gpu_type="h100")
+    train("d_a100", "team-d", gpus=2, priority=1, steps=40, gpu_type="a100")
 
 with DAG("types_ask", schedule=None, start_date=START, catchup=False):
     train("c_h100", "team-c", gpus=1, steps=20, gpu_type="h100")
