@@ -290,6 +290,13 @@ def _account_types(queue: Queue, holds: Iterable[Hold], result: Account) -> None
 
 def _add_type(part: Account, gpu_type: str | None, result: Account) -> None:
     """Add one type's account (an untyped queue's: ``gpu_type`` None) to ``result``'s sums and keep it per type."""
+    if gpu_type is None:  # the queue's only account: its figures are their own sums (the same objects)
+        result.quotas.update(part.quotas)
+        result.dags.update(part.dags)
+        result.pools.update(part.pools)
+        result.quota_types.update({(start, quota, None): f for (start, quota), f in part.quotas.items()})
+        result.dag_types.update({(start, quota, None, dag_id): f for (start, quota, dag_id), f in part.dags.items()})
+        return
     for (start, quota), figures in part.quotas.items():
         result.quota_types[(start, quota, gpu_type)] = figures
         result.quotas.setdefault((start, quota), Figures()).add(figures)
