@@ -21,6 +21,7 @@ from airflow_quota_provider.models.job import (
     policy_job,
 )
 from airflow_quota_provider.policy import CohortUsage, QuotaUsage, State, summarize, summarize_cohorts
+from airflow_quota_provider.policy.types import running_by_type
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -75,13 +76,12 @@ def quota_rows(quota_file: QuotaFile, *, session: Session, states: Mapping[str, 
 
 def type_states(state: State) -> dict[str, State]:
     """A typed job queue's state as one untyped state per GPU type, in the queue's order (empty for an
-    untyped queue): the type's capacities, and the running jobs of that type, as the policy decides
-    each type (:func:`~airflow_quota_provider.policy.types.decide_types`). Waiting jobs are left out:
-    a job's type is chosen when it is admitted."""
-    running: dict[str, list] = {t.name: [] for t in state.types}
-    for job in state.running:
-        if job.gpu_type in running:
-            running[job.gpu_type].append(job)
+    untyped queue): the type's capacities, and the running jobs that count on that type
+    (:func:`~airflow_quota_provider.policy.types.running_by_type`), as the policy decides each type.
+    Waiting jobs are left out: a job's type is chosen when it is admitted."""
+    if not state.types:
+        return {}
+    running = running_by_type(state)
     return {
         t.name: State(capacity=t.capacity, quotas=t.quotas, running=tuple(running[t.name]), pending=(), cohorts=t.cohorts)
         for t in state.types

@@ -70,3 +70,12 @@ def test_an_untyped_queue_has_no_type_figures(session):
     rows = {r.quota.name: r for r in quota_rows(parse_quota_file(yaml.safe_load(TYPED_QUOTAS)), session=session)}
     assert rows["team-lab"].types == ()
     assert rows["team-lab"].usage == QuotaUsage(capacity=2, in_use=1, borrowed=0, lent=0, free=1, pending_jobs=0, pending_gpus=0)
+
+
+def test_a_running_job_of_no_listed_type_counts_on_the_queues_first_type_as_the_policy_counts_it(session):
+    # admitted before the file had types: no type of its own, no host of a type known here
+    seed_into([{"case": "team_a_untyped_running", "quota": "team-a", "gpus": 1, "state": "running", "devices": ["6"]}],
+              session=session)
+    rows = {r.quota.name: r for r in quota_rows(parse_quota_file(yaml.safe_load(TYPED_QUOTAS)), session=session)}
+    assert [(t.gpu_type, t.usage.in_use, t.usage.borrowed) for t in rows["team-a"].types] == [("h100", 4, 2), ("a100", 0, 0)]
+    assert sum(t.usage.in_use for t in rows["team-a"].types) == rows["team-a"].usage.in_use == 4
