@@ -158,6 +158,14 @@ def test_a_typed_queue_written_back_in_the_file_form_reads_the_same():
     assert untyped.gpu_hour_price == {None: 2.5}
     assert parse_quota_file({"queues": [queue_to_dict(untyped)]}).queues[0] == untyped
     assert parse_quota_file({"queues": [queue_to_dict(QUEUES[2])]}).queues[0] == QUEUES[2]
+    with_cohorts = parse_quota_file({"queues": [{
+        "name": "tree", "capacity": {"h100": 8, "l4": 8}, "fungibility": {"when_can_preempt": "preempt"},
+        "instance_types": {"h100": "ml.p5.48xlarge", "l4": "ml.g6.48xlarge"},
+        "quotas": [{"name": "a", "capacity": {"h100": 2, "l4": 4}, "cohort": "ml", "borrow_limit": "50%"},
+                   {"name": "b", "capacity": {"h100": 2}, "cohort": "ml", "lend_limit": {"h100": 1}}],
+        "cohorts": [{"name": "ml", "capacity": {"l4": 2}, "borrow_limit": {"h100": 2}}],
+    }]}).queues[0]
+    assert parse_quota_file({"queues": [queue_to_dict(with_cohorts)]}).queues[0] == with_cohorts
 
 
 @pytest.mark.parametrize(
