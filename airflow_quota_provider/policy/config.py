@@ -463,7 +463,9 @@ def _parse_gpu_hour_price(fields: Fields, types: tuple[GpuType, ...]) -> dict[st
     raw = fields.raw("gpu_hour_price")
     names = [t.name for t in types]
     if not isinstance(raw, dict):
-        raise PolicyError(path, f"expected a mapping {{GPU type: price per GPU-hour}} for the GPU types {', '.join(names)}, got {shorten(raw)}")
+        raise PolicyError(
+            path, f"expected a mapping {{GPU type: price per GPU-hour}} for the GPU types {', '.join(names)}, got {shorten(raw)}"
+        )
     for key in raw:
         if key not in names:
             raise PolicyError(f"{path}.{key}", f"{key!r} is not one of the job queue's GPU types {', '.join(names)}")
