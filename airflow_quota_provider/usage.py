@@ -138,6 +138,8 @@ class QueueHosts:
 
     gpus_up: int
     lost: tuple[str, ...]
+    gpus_up_by_type: dict[str, int]
+    """Of ``gpus_up``, those of each GPU type (hosts that say their type)."""
 
 
 def queue_hosts(*, session: Session) -> dict[str, QueueHosts]:
@@ -145,15 +147,19 @@ def queue_hosts(*, session: Session) -> dict[str, QueueHosts]:
     from airflow_quota_provider.models.host import HostState, list_hosts
 
     up: dict[str, int] = {}
+    by_type: dict[str, dict[str, int]] = {}
     lost: dict[str, list[str]] = {}
     for host in list_hosts(session=session):
         for queue in host.queue_list:
             if host.state == HostState.ACTIVE.value:
                 up[queue] = up.get(queue, 0) + len(host.device_list)
+                if host.gpu_type:
+                    of_type = by_type.setdefault(queue, {})
+                    of_type[host.gpu_type] = of_type.get(host.gpu_type, 0) + len(host.device_list)
             else:
                 up.setdefault(queue, 0)
                 lost.setdefault(queue, []).append(host.name)
-    return {queue: QueueHosts(gpus, tuple(lost.get(queue, ()))) for queue, gpus in up.items()}
+    return {queue: QueueHosts(gpus, tuple(lost.get(queue, ())), by_type.get(queue, {})) for queue, gpus in up.items()}
 
 
 @dataclass(frozen=True)
