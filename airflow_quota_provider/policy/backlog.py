@@ -26,7 +26,7 @@ Entry = tuple[tuple, "Job"]
 class Backlog:
     """Waiting jobs by quota, each quota's list in queue order (priority, then FIFO)."""
 
-    __slots__ = ("_entries", "_jobs", "_sizes", "_priorities", "_span", "_gangs", "_singles")
+    __slots__ = ("_entries", "_jobs", "_sizes", "_priorities", "_span", "_gangs", "_singles", "_types")
 
     def __init__(self, jobs: Iterable[Job] = ()) -> None:
         self._entries: dict[str, list[Entry]] = {}
@@ -41,6 +41,8 @@ class Backlog:
         """Per quota with some, how many of its gangs ask for each ``(GPUs per node, nodes)``."""
         self._singles: dict[str, dict[int, int]] = {}
         """Per quota with gangs waiting, how many of its other jobs ask for each number of GPUs."""
+        self._types: dict[str, Backlog] | None = None
+        """Per GPU type, the jobs that ask for that type only (:meth:`of_type`), from the first call on."""
         for job in jobs:
             self._count(job)
             key = queue_order(job)
@@ -82,6 +84,8 @@ class Backlog:
         key = queue_order(job)
         insort(self._entries.setdefault(job.quota, []), (key, job))
         insort(self._sizes.setdefault(job.quota, {}).setdefault(job.gpus, []), key)
+        if self._types is not None and len(job.gpu_types) == 1:
+            self.of_type(job.gpu_types[0]).add(job)
 
     def remove(self, job_id: str) -> Job:
         job = self._jobs.pop(job_id)
@@ -113,7 +117,23 @@ class Backlog:
                 del sizes[job.gpus]
         if not entries:
             del self._entries[job.quota], self._sizes[job.quota], self._priorities[job.quota]
+        if self._types is not None and len(job.gpu_types) == 1:
+            self._types[job.gpu_types[0]].remove(job_id)
         return job
+
+    def of_type(self, gpu_type: str) -> Backlog:
+        """The jobs that ask for ``gpu_type`` and no other (a job queue with GPU types decides each
+        type on its own, :mod:`.types`), kept up to date with this object from the first call on, so
+        that a caller that keeps it between cycles (the simulator) does not sort them again each cycle."""
+        if self._types is None:
+            self._types = {}
+            for job in self._jobs.values():
+                if len(job.gpu_types) == 1:
+                    self._types.setdefault(job.gpu_types[0], Backlog()).add(job)
+        by_type = self._types.get(gpu_type)
+        if by_type is None:
+            by_type = self._types[gpu_type] = Backlog()
+        return by_type
 
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)

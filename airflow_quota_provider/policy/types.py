@@ -189,9 +189,18 @@ def charged_type(job: Job, types: Mapping[str, Any], host_types: Mapping[str, st
     return next(iter(types))
 
 
-def running_by_type(state: State) -> dict[str, list[Job]]:
+def running_by_type(state: State) -> dict[str, Sequence[Job]]:
     """A typed job queue's running jobs by the type each counts on (:func:`charged_type`), in the
-    queue's order of types."""
+    queue's order of types. From a :class:`~.running.Running` the caller keeps (the simulator) whose
+    jobs are all of the queue's types, the ones it keeps per type (:meth:`~.running.Running.of_type`),
+    so that a cycle does not count every running job again."""
+    from airflow_quota_provider.policy.running import Running  # it imports the config, which imports this
+
+    kept = state.running
+    if isinstance(kept, Running):
+        by_type = {t.name: kept.of_type(t.name) for t in state.types}
+        if sum(map(len, by_type.values())) == len(kept):
+            return by_type
     running: dict[str, list[Job]] = {t.name: [] for t in state.types}
     host_types = {host.name: host.type for host in state.hosts or ()}
     for job in state.running:
@@ -204,15 +213,32 @@ _FIT, _BORROW, _PREEMPT = 0, 1, 2
 
 def assign_types(
     state: State, now: float, running: Mapping[str, Sequence[Job]] | None = None
-) -> tuple[dict[str, list[Job]], list[Rejection]]:
+) -> tuple[dict[str, Sequence[Job]], list[Rejection]]:
     """Each waiting job's type for this cycle (in queue order), and the jobs no type can ever hold.
-    ``running``: :func:`running_by_type`'s, where the caller has it."""
+    ``running``: :func:`running_by_type`'s, where the caller has it. From a :class:`~.backlog.Backlog`
+    the caller keeps whose jobs each ask for one of the queue's types, the ones it keeps per type."""
+    from airflow_quota_provider.policy.running import Running
+
     types = {t.name: t for t in state.types}
     order = list(types)
+    pending = state.pending
+    if isinstance(pending, Backlog):
+        by_type = {name: pending.of_type(name) for name in order}
+        if sum(map(len, by_type.values())) == len(pending):
+            # Kept by the caller, and every job asks for one of the queue's types: that is its type
+            # (the loop below would choose it too), and each type's jobs are kept in order already.
+            return by_type, []
     fungibility = state.fungibility
     in_use: dict[str, dict[str, int]] = {name: {} for name in order}
     held: dict[str, str] = {}  # a preemptor waiting for its victims -> their type
     for name, jobs in (running_by_type(state) if running is None else running).items():
+        if isinstance(jobs, Running):  # kept by the caller: its sums, and the few stopping jobs
+            counts = in_use[name] = dict(jobs.in_use)
+            for preemptor in jobs.preemptors():
+                held[preemptor] = name
+                for victim in jobs.stopping_for(preemptor):
+                    counts[victim.quota] = counts.get(victim.quota, 0) + victim.gpus
+            continue
         for job in jobs:
             in_use[name][job.quota] = in_use[name].get(job.quota, 0) + job.gpus
             if job.preempted_for is not None:
@@ -228,19 +254,24 @@ def assign_types(
     assigned: dict[str, list[Job]] = {name: [] for name in order}
     rejected: list[Rejection] = []
     most: dict[tuple[str, str], int] = {}
+    modes: dict[str, dict[tuple[str, int], int]] = {name: {} for name in order}
+    """Per type, :func:`_mode` by (quota, GPUs) until a job takes room there: most waiting jobs share a
+    few sizes, and once the types are full no job changes them."""
+    unknown: dict[tuple[str, ...], str | None] = {}  # check_job_types per list of types asked
     hosts: dict[str, list[int]] = {name: [] for name in order}  # each type's hosts' GPUs, largest first
     for host in state.hosts or ():
         if host.type in hosts:
             hosts[host.type].append(host.gpus)
     for sizes in hosts.values():
         sizes.sort(reverse=True)
-    pending = state.pending
     for job in pending.in_queue_order() if isinstance(pending, Backlog) else sorted(pending, key=queue_order):
         if job.id in held:
             assigned[held[job.id]].append(job)
             continue
         if job.gpu_types:
-            why = check_job_types(job, order)
+            why = unknown.get(job.gpu_types, False)
+            if why is False:
+                why = unknown[job.gpu_types] = check_job_types(job, order)
             if why is not None:
                 rejected.append(Rejection(job.id, why))
                 continue
@@ -261,7 +292,10 @@ def assign_types(
                 len(sizes) < job.nodes or sizes[job.nodes - 1] < job.gpus_per_node
             )):
                 continue  # this type can never hold it
-            mode = _mode(job, usage[name], min(gpu_type.capacity, room[name]) - queue_used[name])
+            known = modes[name]
+            mode = known.get((job.quota, job.gpus))
+            if mode is None:
+                mode = known[job.quota, job.gpus] = _mode(job, usage[name], min(gpu_type.capacity, room[name]) - queue_used[name])
             if mode == _FIT or (mode == _BORROW and fungibility.when_can_borrow == WhenCanBorrow.BORROW) or (
                 mode == _PREEMPT and fungibility.when_can_preempt == WhenCanPreempt.PREEMPT
             ):
@@ -273,9 +307,10 @@ def assign_types(
             choice = best[1]
         if choice is None:  # too large for every type it may use: its first type's decision says why
             choice = next(n for n in job.gpu_types or order if n in types)
-        elif _mode(job, usage[choice], min(types[choice].capacity, room[choice]) - queue_used[choice]) != _PREEMPT:  # takes room
+        elif modes[choice][job.quota, job.gpus] != _PREEMPT:  # takes room (the loop looked it up)
             usage[choice].add(job.quota, job.gpus)
             queue_used[choice] += job.gpus
+            modes[choice].clear()
         assigned[choice].append(job)
     return assigned, rejected
 
@@ -299,6 +334,7 @@ def _usage(gpu_type: GpuType, in_use: dict[str, int]) -> Usage:
 
 def decide_types(state: State, now: float, explain: bool, decide_one: Callable[[State, float, bool], Decision]) -> Decision:
     """Decide a typed job queue: one untyped decision per type, on the jobs given that type."""
+    from airflow_quota_provider.policy.running import Running
     from airflow_quota_provider.policy.state import State
 
     running = running_by_type(state)
@@ -311,8 +347,8 @@ def decide_types(state: State, now: float, explain: bool, decide_one: Callable[[
     for gpu_type in state.types:
         name = gpu_type.name
         sub = State(
-            capacity=gpu_type.capacity, quotas=gpu_type.quotas, running=tuple(running[name]),
-            pending=Backlog(assigned[name]),
+            capacity=gpu_type.capacity, quotas=gpu_type.quotas, running=Running.of(running[name]),
+            pending=Backlog.of(assigned[name]),
             hosts=None if state.hosts is None else tuple(hosts[name]) + _hosts_of_others(running[name], hosts[name]),
             cohorts=gpu_type.cohorts,
         )
@@ -322,7 +358,9 @@ def decide_types(state: State, now: float, explain: bool, decide_one: Callable[[
         out.types.update(dict.fromkeys(decision.admit, name))
         out.preempt += decision.preempt
         out.reject += [replace(r, reason=f"{name}: {r.reason}") for r in decision.reject]
-        note = _uncounted(name, running[name], stray, state.types)
+        # Jobs kept per type (Running.of_type) are all of the type: none counted on it from elsewhere.
+        note = _uncounted(name, () if isinstance(running[name], Running) else running[name], stray,
+                          state.types) if decision.pending else ""
         for pending in decision.pending:
             pending.reason = f"{name}: {pending.reason}{note}"
         out.pending += decision.pending

@@ -1,13 +1,20 @@
-"""The running jobs kept between cycles: what a kept object counts equals what one built from the same
-jobs counts, per GPU type too (:meth:`Running.of_type`)."""
+"""The running and waiting jobs kept between cycles: what a kept object counts equals what one built from
+the same jobs counts, per GPU type too (:meth:`Running.of_type`, :meth:`Backlog.of_type`), and a replay
+decides from kept objects as from lists."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import replace
 
+from airflow_quota_provider.policy import decide
+from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.running import Running
-from tests.policy.builders import running
+from airflow_quota_provider.simulation.engine import Simulator
+from airflow_quota_provider.simulation.policies import policy_setup
+from airflow_quota_provider.simulation.typesplit import draw_gpu_types
+from tests.policy.builders import pending, running
+from tests.simulation.builders import job, quota_file
 
 TYPES = ("h100", "a100")
 
@@ -43,3 +50,52 @@ def test_a_kept_objects_jobs_of_a_type_count_as_those_jobs_built_afresh():
             for gpu_type in TYPES:
                 afresh = Running(job for job in kept if job.gpu_type == gpu_type)
                 assert figures(kept.of_type(gpu_type)) == figures(afresh), (step, gpu_type)
+
+
+def test_a_kept_backlogs_jobs_asking_for_one_type_are_those_jobs_sorted_afresh():
+    rng = random.Random(5)
+    kept = Backlog()
+    for step in range(300):
+        if step == 30:
+            for gpu_type in TYPES:
+                kept.of_type(gpu_type)
+        jobs = list(kept)
+        if not jobs or rng.random() < 0.6:
+            asked = rng.choice([(), ("h100",), ("a100",), ("a100", "h100")])
+            kept.add(pending(f"j{step}", rng.choice("ab"), rng.choice([1, 2, 4]), rng.choice([0, 10]),
+                             submitted_at=float(step), gpu_types=asked))
+        else:
+            kept.remove(rng.choice(jobs).id)
+        if step >= 30:
+            for gpu_type in TYPES:
+                afresh = Backlog(job for job in kept if job.gpu_types == (gpu_type,))
+                by_type = kept.of_type(gpu_type)
+                assert list(by_type.in_queue_order()) == list(afresh.in_queue_order()), (step, gpu_type)
+                assert sorted((q, by_type.smallest(q), by_type.largest(q)) for q in by_type.quotas()) == sorted(
+                    (q, afresh.smallest(q), afresh.largest(q)) for q in afresh.quotas())
+
+
+def test_a_typed_replay_decides_from_kept_jobs_as_from_the_same_jobs_listed():
+    """The simulator keeps its running and waiting jobs between cycles (per GPU type too); every
+    decision of a typed replay equals the one made from plain lists of the same jobs."""
+    shares = {"capacity": {"h100": 4, "a100": 6}, "sharing": "lend_and_borrow",
+              "preemption": {"within_quota": "lower_priority", "reclaim": "any"}, "grace_period_s": 20}
+    typed = quota_file({"queues": [{"name": "pool", "capacity": {"h100": 8, "a100": 12},
+                                    "quotas": [{"name": "a", **shares}, {"name": "b", **shares}]}]})
+    rng = random.Random(11)
+    jobs = [job(f"j{n}", rng.choice("ab"), n * 7.0, rng.choice([30, 120, 400]), rng.choice([1, 2, 4, 6]),
+                priority=rng.choice([0, 10])) for n in range(160)]
+    compared = []
+
+    def both(state, now):
+        kept = decide(state, now)
+        listed = decide(replace(state, running=tuple(state.running), pending=tuple(state.pending)), now)
+        assert (kept.admit, kept.preempt, kept.types, kept.reject, [(p.id, p.reason) for p in kept.pending]) == (
+            listed.admit, listed.preempt, listed.types, listed.reject, [(p.id, p.reason) for p in listed.pending])
+        compared.append(isinstance(state.pending, Backlog))
+        return kept
+
+    for drawn in (draw_gpu_types(jobs, {"h100": 0.4, "a100": 0.6}, seed=2), jobs):  # all asking one type; none
+        result = Simulator(typed, policy_setup(typed, "quota"), drawn, checkpoint_interval_s=50, decide=both).run()
+        assert {j.status for j in result.jobs} == {"completed"}
+    assert len(compared) > 100 and all(compared)
