@@ -47,7 +47,8 @@ TYPE_GAUGES = ("gpus_in_use", "borrowed", "lent", "free")
 ``gpu_type`` (a waiting job has no type until it is admitted: the pending gauges are the quota's only)."""
 
 COHORT_GAUGES = ("gpus_in_use", "borrowed", "lent")
-"""Per-cohort gauges of its subtree: ``quota.cohort.<gauge>.<cohort>``, tagged ``cohort`` and ``queue``."""
+"""Per-cohort gauges of its subtree: ``quota.cohort.<gauge>.<cohort>``, tagged ``cohort`` and ``queue``;
+a typed job queue's also per GPU type, ``quota.cohort.<gauge>.<cohort>.<type>``, tagged ``gpu_type``."""
 
 _USAGE_FIELD = {"gpus_in_use": "in_use"}
 
@@ -83,19 +84,22 @@ def _emit_gauges(quota_file: QuotaFile, *, session: Session, states: Mapping[str
         tags = {"quota": row.quota.name, "queue": row.queue.name}
         if row.quota.cohort is not None:
             tags["cohort"] = row.quota.cohort
-        for gauge in GAUGES:
-            value = getattr(row.usage, _USAGE_FIELD.get(gauge, gauge))
-            Stats.gauge(_name(gauge, row.quota.name), value, tags=tags)
+        _gauges((), GAUGES, row.quota.name, row.usage, tags)
         for of_type in row.types:
-            type_tags = {**tags, "gpu_type": of_type.gpu_type}
-            for gauge in TYPE_GAUGES:
-                value = getattr(of_type.usage, _USAGE_FIELD.get(gauge, gauge))
-                Stats.gauge(_name(gauge, row.quota.name, of_type.gpu_type), value, tags=type_tags)
+            _gauges((), TYPE_GAUGES, f"{row.quota.name}.{of_type.gpu_type}", of_type.usage,
+                    {**tags, "gpu_type": of_type.gpu_type})
     for row in cohort_rows(quota_file, session=session, states=states):
         tags = {"cohort": row.cohort.name, "queue": row.queue.name}
-        for gauge in COHORT_GAUGES:
-            value = getattr(row.usage, _USAGE_FIELD.get(gauge, gauge))
-            Stats.gauge(_name("cohort", gauge, row.cohort.name), value, tags=tags)
+        _gauges(("cohort",), COHORT_GAUGES, row.cohort.name, row.usage, tags)
+        for of_type in row.types:
+            _gauges(("cohort",), COHORT_GAUGES, f"{row.cohort.name}.{of_type.gpu_type}", of_type.usage,
+                    {**tags, "gpu_type": of_type.gpu_type})
+
+
+def _gauges(prefix: tuple[str, ...], gauges: tuple[str, ...], of: str, usage: object, tags: dict[str, str]) -> None:
+    """``quota.<prefix>.<gauge>.<of>`` for each gauge, from ``usage``'s field of that name."""
+    for gauge in gauges:
+        Stats.gauge(_name(*prefix, gauge, of), getattr(usage, _USAGE_FIELD.get(gauge, gauge)), tags=tags)
 
 
 def _emit_event_metrics(quota_file: QuotaFile, since_event_id: int, last: int, *, session: Session) -> None:

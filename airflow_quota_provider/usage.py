@@ -8,7 +8,7 @@ so what people see is what the next scheduling cycle works with.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from airflow_quota_provider.models.gang import GangState, gang_hosts
 from airflow_quota_provider.models.job import (
@@ -32,15 +32,19 @@ if TYPE_CHECKING:
     from airflow_quota_provider.policy import Cohort, Queue, Quota, QuotaFile
 
 
+U = TypeVar("U", QuotaUsage, CohortUsage)
+
+
 @dataclass(frozen=True)
-class TypeUsage:
-    """A quota's figures on one GPU type of a typed job queue (:mod:`.policy.types`)."""
+class TypeUsage(Generic[U]):
+    """A quota's or cohort's figures on one GPU type of a typed job queue (:mod:`.policy.types`)."""
 
     gpu_type: str
-    usage: QuotaUsage
-    """:func:`~airflow_quota_provider.policy.summarize` over that type alone: its capacities, and the
-    GPUs of the quota's running jobs of that type. A waiting job has no type until it is admitted,
-    so ``pending_jobs`` and ``pending_gpus`` are 0 here (the quota's row counts them)."""
+    usage: U
+    """:func:`~airflow_quota_provider.policy.summarize` (or ``summarize_cohorts``) over that type alone
+    (:func:`type_states`): its capacities, and the GPUs of the running jobs that count on that type. A
+    waiting job has no type until it is admitted, so a quota's ``pending_jobs`` and ``pending_gpus``
+    are 0 here (its row counts them)."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class QuotaRow:
     quota: Quota
     usage: QuotaUsage
     """Over all its GPUs: a typed queue's quota has its capacity and limits summed over the types."""
-    types: tuple[TypeUsage, ...] = ()
+    types: tuple[TypeUsage[QuotaUsage], ...] = ()
     """A typed job queue's quota: its figures per GPU type, in the queue's order; empty: untyped."""
 
 
@@ -100,20 +104,28 @@ class CohortRow:
     queue: Queue
     cohort: Cohort
     usage: CohortUsage
+    types: tuple[TypeUsage[CohortUsage], ...] = ()
+    """A typed job queue's cohort: its subtree's figures per GPU type, in the queue's order; empty: untyped."""
 
 
 def cohort_rows(quota_file: QuotaFile, *, session: Session, states: Mapping[str, State] | None = None) -> list[CohortRow]:
     """Every cohort of every job queue, in file order, with
     :func:`~airflow_quota_provider.policy.summarize_cohorts`'s figures (none for a flat file, which
-    reads no table)."""
+    reads no table); a typed queue's also per type."""
     if not any(queue.cohorts for queue in quota_file.queues):
         return []
     if states is None:
         states = _queue_states(quota_file, active_job_rows(session=session))
     rows = []
     for queue in quota_file.queues:
-        usage = summarize_cohorts(states.get(queue.name) or State.for_queue(queue, (), ()))
-        rows.extend(CohortRow(queue, cohort, usage[cohort.name]) for cohort in queue.cohorts)
+        state = states.get(queue.name) or State.for_queue(queue, (), ())
+        usage = summarize_cohorts(state)
+        per_type = {name: summarize_cohorts(sub) for name, sub in type_states(state).items()}
+        rows.extend(
+            CohortRow(queue, cohort, usage[cohort.name],
+                      tuple(TypeUsage(name, figures[cohort.name]) for name, figures in per_type.items()))
+            for cohort in queue.cohorts
+        )
     return rows
 
 

@@ -273,3 +273,20 @@ def test_a_typed_quota_gets_its_gauges_per_gpu_type_named_and_tagged_with_it(sta
     tagged = statsd()
     assert "airflow.quota.borrowed.team-a.h100,quota=team-a,queue=mixed,gpu_type=h100:1|g" in tagged
     assert "airflow.quota.gpus_in_use.team-lab,quota=team-lab,queue=lab:1|g" in tagged
+
+
+def test_a_typed_cohort_gets_its_gauges_per_gpu_type(statsd, session):
+    from tests.test_usage import TYPED_JOBS, TYPED_QUOTAS
+
+    data = yaml.safe_load(TYPED_QUOTAS)
+    data["queues"][0]["cohorts"] = [{"name": "ml"}]
+    data["queues"][0]["quotas"][0]["cohort"] = "ml"  # team-a
+    seed_into(list(TYPED_JOBS), session=session)
+
+    emit_metrics(parse_quota_file(data), session=session)
+
+    lines = statsd()
+    for line in ("airflow.quota.cohort.gpus_in_use.ml:3|g", "airflow.quota.cohort.borrowed.ml:0|g",
+                 "airflow.quota.cohort.gpus_in_use.ml.h100:3|g", "airflow.quota.cohort.borrowed.ml.h100:1|g",
+                 "airflow.quota.cohort.lent.ml.a100:0|g", "airflow.quota.borrowed.team-a.h100:1|g"):
+        assert line in lines

@@ -9,8 +9,8 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from airflow_quota_provider.models.base import quota_metadata
-from airflow_quota_provider.policy import QuotaUsage, parse_quota_file
-from airflow_quota_provider.usage import idle, quota_rows
+from airflow_quota_provider.policy import CohortUsage, QuotaUsage, parse_quota_file
+from airflow_quota_provider.usage import cohort_rows, idle, quota_rows
 from tests.plugins.seed import seed_into
 
 TYPED_QUOTAS = """
@@ -79,3 +79,17 @@ def test_a_running_job_of_no_listed_type_counts_on_the_queues_first_type_as_the_
     rows = {r.quota.name: r for r in quota_rows(parse_quota_file(yaml.safe_load(TYPED_QUOTAS)), session=session)}
     assert [(t.gpu_type, t.usage.in_use, t.usage.borrowed) for t in rows["team-a"].types] == [("h100", 4, 2), ("a100", 0, 0)]
     assert sum(t.usage.in_use for t in rows["team-a"].types) == rows["team-a"].usage.in_use == 4
+
+
+def test_a_typed_cohort_has_its_subtrees_figures_per_gpu_type(session):
+    data = yaml.safe_load(TYPED_QUOTAS)
+    mixed = data["queues"][0]
+    mixed["cohorts"] = [{"name": "ml", "capacity": {"a100": 2}}]
+    mixed["capacity"]["a100"] = 10
+    mixed["quotas"][0]["cohort"] = "ml"  # team-a; team-b stays at the root
+    (ml,) = cohort_rows(parse_quota_file(data), session=session)
+    assert [(t.gpu_type, t.usage) for t in ml.types] == [
+        ("h100", CohortUsage(parent=None, capacity=2, in_use=3, borrowed=1, lent=0)),
+        ("a100", CohortUsage(parent=None, capacity=6, in_use=0, borrowed=0, lent=0)),
+    ]
+    assert (ml.usage.capacity, ml.usage.in_use, ml.usage.borrowed) == (8, 3, 0)  # over both types: within its 8
