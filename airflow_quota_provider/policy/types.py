@@ -258,47 +258,44 @@ def assign_types(
     """Per type, :func:`_mode` by (quota, GPUs) until a job takes room there: most waiting jobs share a
     few sizes, and once the types are full no job changes them."""
     unknown: dict[tuple[str, ...], str | None] = {}  # check_job_types per list of types asked
+    verdicts: dict[tuple[str, str, int, int], int] = {}  # _verdict per (type, quota, GPUs, nodes)
+    accepted = {_FIT}  # the modes in which a job takes a type without trying the next ones
+    if fungibility.when_can_borrow == WhenCanBorrow.BORROW:
+        accepted.add(_BORROW)
+    if fungibility.when_can_preempt == WhenCanPreempt.PREEMPT:
+        accepted.add(_PREEMPT)
     hosts: dict[str, list[int]] = {name: [] for name in order}  # each type's hosts' GPUs, largest first
     for host in state.hosts or ():
         if host.type in hosts:
             hosts[host.type].append(host.gpus)
     for sizes in hosts.values():
         sizes.sort(reverse=True)
-    for job in pending.in_queue_order() if isinstance(pending, Backlog) else sorted(pending, key=queue_order):
-        if job.id in held:
-            assigned[held[job.id]].append(job)
-            continue
+    def _choose(job: Job, signature: tuple) -> str | None:
+        """:func:`assign_types`'s choice for ``job``, counting its GPUs on the type if it takes room
+        there; None when it is rejected."""
         if job.gpu_types:
             why = unknown.get(job.gpu_types, False)
             if why is False:
                 why = unknown[job.gpu_types] = check_job_types(job, order)
             if why is not None:
                 rejected.append(Rejection(job.id, why))
-                continue
+                return None
         choice, best = None, None
+        size = (job.quota, job.gpus)
         for name in job.gpu_types or order:
-            gpu_type = types.get(name)
-            if gpu_type is None:
+            key = (name, job.quota, job.gpus, job.nodes)
+            verdict = verdicts.get(key)
+            if verdict is None:
+                verdict = verdicts[key] = _verdict(types.get(name), job, most, hosts.get(name), state.hosts is not None)
+            if verdict == _NEVER:
                 continue
-            try:
-                quota = gpu_type.quota(job.quota)
-            except PolicyError:
-                break  # an unknown quota: the type's own decision rejects it, naming the quotas
-            key = (name, job.quota)
-            if key not in most:
-                most[key] = ever_fits(quota, gpu_type.quotas, gpu_type.capacity, gpu_type.cohorts)
-            sizes = hosts[name]
-            if job.gpus > most[key] or (state.hosts is not None and (
-                len(sizes) < job.nodes or sizes[job.nodes - 1] < job.gpus_per_node
-            )):
-                continue  # this type can never hold it
+            if verdict == _UNKNOWN_QUOTA:
+                break  # its type's own decision rejects it, naming the quotas
             known = modes[name]
-            mode = known.get((job.quota, job.gpus))
+            mode = known.get(size)
             if mode is None:
-                mode = known[job.quota, job.gpus] = _mode(job, usage[name], min(gpu_type.capacity, room[name]) - queue_used[name])
-            if mode == _FIT or (mode == _BORROW and fungibility.when_can_borrow == WhenCanBorrow.BORROW) or (
-                mode == _PREEMPT and fungibility.when_can_preempt == WhenCanPreempt.PREEMPT
-            ):
+                mode = known[size] = _mode(job, usage[name], min(types[name].capacity, room[name]) - queue_used[name])
+            if mode in accepted:
                 choice = name
                 break
             if best is None or mode < best[0]:
@@ -307,12 +304,52 @@ def assign_types(
             choice = best[1]
         if choice is None:  # too large for every type it may use: its first type's decision says why
             choice = next(n for n in job.gpu_types or order if n in types)
-        elif modes[choice][job.quota, job.gpus] != _PREEMPT:  # takes room (the loop looked it up)
+        elif modes[choice][size] != _PREEMPT:  # takes room (the loop looked it up)
             usage[choice].add(job.quota, job.gpus)
             queue_used[choice] += job.gpus
             modes[choice].clear()
+            settled.clear()
+            return choice
+        settled[signature] = choice
+        return choice
+
+    settled: dict[tuple, str] = {}
+    """The type of a job that takes no room, by (quota, GPUs, nodes, types asked), until one takes room
+    somewhere: once the types are full, a long backlog costs one look-up a job."""
+    for job in pending.in_queue_order() if isinstance(pending, Backlog) else sorted(pending, key=queue_order):
+        if job.id in held:
+            assigned[held[job.id]].append(job)
+            continue
+        signature = (job.quota, job.gpus, job.nodes, job.gpu_types)
+        choice = settled.get(signature)
+        if choice is None:
+            choice = _choose(job, signature)
+            if choice is None:
+                continue
         assigned[choice].append(job)
     return assigned, rejected
+    return assigned, rejected
+
+
+_NEVER, _UNKNOWN_QUOTA, _MAYBE = 0, 1, 2
+
+
+def _verdict(gpu_type: GpuType | None, job: Job, most: dict[tuple[str, str], int], sizes: list[int] | None,
+             placed: bool) -> int:
+    """Whether a type can never hold ``job`` (not one of the queue's, too large for its quota's share
+    of it, or, ``placed`` on hosts, for its hosts: ``sizes``, their GPUs, largest first), has no such
+    quota, or may hold it; ``most``: what each (type, quota) can ever hold, filled as asked."""
+    if gpu_type is None:
+        return _NEVER
+    quota = gpu_type._by_name.get(job.quota)
+    if quota is None:
+        return _UNKNOWN_QUOTA
+    key = (gpu_type.name, job.quota)
+    if key not in most:
+        most[key] = ever_fits(quota, gpu_type.quotas, gpu_type.capacity, gpu_type.cohorts)
+    if job.gpus > most[key] or (placed and (len(sizes) < job.nodes or sizes[job.nodes - 1] < job.gpus_per_node)):
+        return _NEVER
+    return _MAYBE
 
 
 def _mode(job: Job, usage: Usage, free: int) -> int:
