@@ -26,7 +26,7 @@ Entry = tuple[tuple, "Job"]
 class Backlog:
     """Waiting jobs by quota, each quota's list in queue order (priority, then FIFO)."""
 
-    __slots__ = ("_entries", "_jobs", "_sizes", "_priorities", "_span", "_gangs", "_singles", "_types")
+    __slots__ = ("_entries", "_jobs", "_sizes", "_priorities", "_span", "_gangs", "_singles", "_types", "asking_types")
 
     def __init__(self, jobs: Iterable[Job] = ()) -> None:
         self._entries: dict[str, list[Entry]] = {}
@@ -43,6 +43,8 @@ class Backlog:
         """Per quota with gangs waiting, how many of its other jobs ask for each number of GPUs."""
         self._types: dict[str, Backlog] | None = None
         """Per GPU type, the jobs that ask for that type only (:meth:`of_type`), from the first call on."""
+        self.asking_types = 0
+        """How many ask for GPU types (a job queue without types rejects them)."""
         for job in jobs:
             self._count(job)
             key = queue_order(job)
@@ -62,6 +64,8 @@ class Backlog:
         if job.id in self._jobs:
             raise ValueError(f"job {job.id!r} is already waiting")
         self._jobs[job.id] = job
+        if job.gpu_types:
+            self.asking_types += 1
         by_priority = self._priorities.setdefault(job.quota, {})
         by_priority[job.priority] = by_priority.get(job.priority, 0) + 1
         self._span.pop(job.quota, None)
@@ -89,6 +93,8 @@ class Backlog:
 
     def remove(self, job_id: str) -> Job:
         job = self._jobs.pop(job_id)
+        if job.gpu_types:
+            self.asking_types -= 1
         self._span.pop(job.quota, None)
         key = queue_order(job)
         entries = self._entries[job.quota]

@@ -71,12 +71,13 @@ def decide(state: State, now: float, *, explain: bool = True) -> Decision:
     callers that act only on admissions, preemptions and rejections (the simulator).
     """
     if state.types:
-        return decide_types(state, now, explain, _decide_one)
+        return decide_types(state, now, explain, _decide_type)
     return _Cycle(state, now).run(explain)
 
 
-def _decide_one(state: State, now: float, explain: bool) -> Decision:
-    return _Cycle(state, now).run(explain)
+def _decide_type(state: State, now: float, explain: bool) -> Decision:
+    """One GPU type of a typed job queue, as an untyped one whose jobs may ask for types."""
+    return _Cycle(state, now, of_type=True).run(explain)
 
 
 def rejection_reason(
@@ -123,9 +124,11 @@ def rejection_reason(
 
 
 class _Cycle:
-    def __init__(self, state: State, now: float) -> None:
+    def __init__(self, state: State, now: float, *, of_type: bool = False) -> None:
         self.state = state
         self.now = now
+        self.of_type = of_type
+        """Deciding one GPU type of a typed job queue (:func:`_decide_type`)."""
         self.backlog = Backlog.of(state.pending)
         self.running = Running.of(state.running)
         self.usage = usage_for(state, self.running.in_use)
@@ -194,6 +197,13 @@ class _Cycle:
                 reason = rejection_reason(job, quota, self.state, most, largest_host, self.placement)
                 if reason is not None:
                     rejected.append((key, Rejection(job.id, reason)))
+                    self.handled.add(job.id)
+        if backlog.asking_types and not self.of_type:
+            for job in backlog:
+                if job.gpu_types and job.id not in self.handled:
+                    rejected.append((queue_order(job), Rejection(job.id, (
+                        f"gpu_type: {', '.join(job.gpu_types)} asked, but this job queue has no GPU types "
+                        "(its capacity is one number); leave gpu_type unset or give the queue a capacity per type"))))
                     self.handled.add(job.id)
         self.decision.reject = [rejection for _, rejection in sorted(rejected, key=entry_key)]
 

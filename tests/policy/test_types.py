@@ -96,6 +96,14 @@ def test_a_job_asking_only_for_types_the_queue_lacks_is_rejected_naming_them():
     ]
 
 
+def test_a_job_asking_for_a_type_on_a_queue_without_types_is_rejected_not_run_anywhere():
+    untyped = parse_quota_file({"queues": [{"name": "q", "capacity": 8, "quotas": [{"name": "team-a", "capacity": 8}]}]}).queues[0]
+    decision = decide(State.for_queue(untyped, [], [job("j1", 1, types=("h100",)), job("j2", 1)]), NOW)
+    assert decision.admit == ["j2"]
+    assert [(r.id, r.reason.split(";")[0]) for r in decision.reject] == [
+        ("j1", "gpu_type: h100 asked, but this job queue has no GPU types (its capacity is one number)")]
+
+
 def test_a_waiting_jobs_reason_names_the_type_it_waits_on():
     running = [job(f"r{i}", 4, quota, running_on=t) for i, (quota, t) in
                enumerate([("team-a", "h100"), ("team-b", "h100"), ("team-a", "a100"), ("team-b", "a100")])]
