@@ -87,7 +87,8 @@ def type_states(state: State) -> dict[str, State]:
         return {}
     running = running_by_type(state)
     return {
-        t.name: State(capacity=t.capacity, quotas=t.quotas, running=tuple(running[t.name]), pending=(), cohorts=t.cohorts)
+        t.name: State(capacity=t.capacity, quotas=t.quotas, running=tuple(running[t.name]), pending=(),
+                      cohorts=t.cohorts)
         for t in state.types
     }
 
