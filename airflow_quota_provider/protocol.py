@@ -77,7 +77,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from airflow_quota_provider.policy.config import Quota
+from airflow_quota_provider.policy.config import MAX_GRACE_PERIOD_S, Quota
 from airflow_quota_provider.policy.jobs import MAX_NODES  # the policy refuses more in a decision file too
 
 #: Key of ``executor_config`` that carries the per-task quota settings.
@@ -213,7 +213,7 @@ class QuotaTaskConfig:
         task asked for, so a value there the executor cannot use raises :class:`QuotaTaskConfigError`
         naming the field: ``gpus`` from 1 (per host), ``nodes`` from 1 to :data:`MAX_NODES`,
         ``priority`` and ``max_preemptions`` from 0, each within the job table's integers, and
-        ``grace_period_s`` a finite number of seconds > 0; so does a ``quota`` name longer than the
+        ``grace_period_s`` a finite number of seconds > 0 and at most a day; so does a ``quota`` name longer than the
         job table's 128 characters, a ``gpu_type`` other than a GPU type name or a non-empty list of
         them, and a ``preemptible`` other than true or false (``"false"`` is false). A number may be
         written as a string (``"2"`` is 2) and an integer as a whole float (``2.0``); a bool is not a
@@ -227,7 +227,7 @@ class QuotaTaskConfig:
         grace = extras.get("grace_period_s")
         return cls(
             preemptible=_flag("preemptible", extras.get("preemptible", True)),
-            grace_period_s=None if grace is None else _seconds("grace_period_s", grace),
+            grace_period_s=None if grace is None else _seconds("grace_period_s", grace, MAX_GRACE_PERIOD_S),
             expected_runtime_s=positive_number(extras.get("expected_runtime_s")),
             quota=_quota(extras.get("quota")),
             gpu_type=gpu_types("gpu_type", extras.get("gpu_type"), QuotaTaskConfigError),
@@ -289,14 +289,14 @@ def _integer(name: str, value: Any) -> int:
     return number
 
 
-def _seconds(name: str, value: Any) -> float:
-    """``value`` of the duration field ``name``: a finite number of seconds > 0."""
+def _seconds(name: str, value: Any, maximum: float) -> float:
+    """``value`` of the duration field ``name``: a finite number of seconds > 0, at most ``maximum``."""
     number = value
     if isinstance(value, str):
         with contextlib.suppress(ValueError):
             number = float(value)
-    if (seconds := positive_number(number)) is None:
-        raise QuotaTaskConfigError(name, value, "a finite number of seconds > 0")
+    if (seconds := positive_number(number)) is None or seconds > maximum:
+        raise QuotaTaskConfigError(name, value, f"a finite number of seconds > 0, at most {maximum:g}")
     return seconds
 
 

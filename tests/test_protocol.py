@@ -104,7 +104,7 @@ def test_task_config_reads_every_value_in_range(field, value, expected):
 GPUS = "an integer from 1 to 2097151"
 NODES = "an integer from 1 to 1024"
 INT32 = "an integer from 0 to 2147483647"
-SECONDS = "a finite number of seconds > 0"
+SECONDS = "a finite number of seconds > 0, at most 86400"
 
 
 @pytest.mark.parametrize(
@@ -138,6 +138,8 @@ SECONDS = "a finite number of seconds > 0"
             id="a grace period past a float",
         ),
         pytest.param("grace_period_s", "soon", f"'soon' is not {SECONDS}", id="grace period in words"),
+        pytest.param("grace_period_s", 1e12, f"1000000000000.0 is not {SECONDS}",
+                     id="a grace period past a day would hold a victim's GPUs for good"),
         pytest.param("preemptible", "no", "'no' is not true or false", id="preemptible in other words"),
         pytest.param("preemptible", 0, "0 is not true or false", id="a number is no yes or no"),
         *(

@@ -98,6 +98,11 @@ class Quota:
         return None
 
 
+MAX_GRACE_PERIOD_S = 86400.0
+"""The longest grace period a quota or a job may give: a victim keeps its GPUs until it exits or
+this long after SIGTERM, so a larger one (a typo, 1e12) would hold them for good."""
+
+
 @dataclass(frozen=True)
 class Cohort:
     """A group of quotas and cohorts in a job queue's tree (Kueue's hierarchical cohorts).
@@ -215,7 +220,7 @@ def parse_quota(data: Any, path: str) -> Quota:
         weight=weight,
         max_priority=max_priority,
         preemption=preemption,
-        grace_period_s=fields.number("grace_period_s", Quota.grace_period_s),
+        grace_period_s=fields.number("grace_period_s", Quota.grace_period_s, maximum=MAX_GRACE_PERIOD_S),
         min_runtime_s=fields.number("min_runtime_s", Quota.min_runtime_s),
         spare_finishing_within_s=fields.number("spare_finishing_within_s", Quota.spare_finishing_within_s),
         preemption_delay_s=fields.number("preemption_delay_s", Quota.preemption_delay_s),

@@ -91,7 +91,8 @@ class Fields:
             raise PolicyError(self.child(key), f"{value} is below the minimum {minimum}")
         return value
 
-    def number(self, key: str, default: Any = _MISSING, *, minimum: float | None = 0.0, nullable: bool = False) -> Any:
+    def number(self, key: str, default: Any = _MISSING, *, minimum: float | None = 0.0, maximum: float | None = None,
+               nullable: bool = False) -> Any:
         value = self._get(key, default)
         if value is None and (nullable or default is None):
             return None
@@ -99,6 +100,8 @@ class Fields:
             raise PolicyError(self.child(key), f"expected a finite number, got {_describe(value)}")
         if minimum is not None and value < minimum:
             raise PolicyError(self.child(key), f"{value} is below the minimum {minimum}")
+        if maximum is not None and value > maximum:
+            raise PolicyError(self.child(key), f"{value} is above the maximum {maximum:g}")
         return float(value)
 
     def bool(self, key: str, default: Any = _MISSING) -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_quota_provider.policy.config import MAX_QUOTAS_PER_QUEUE, Cohort, Queue, Quota, parse_queue_body
+from airflow_quota_provider.policy.config import MAX_GRACE_PERIOD_S, MAX_QUOTAS_PER_QUEUE, Cohort, Queue, Quota, parse_queue_body
 from airflow_quota_provider.policy.errors import PolicyError
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.fields import Fields
@@ -156,7 +156,7 @@ def _parse_job(
         max_preemptions=fields.int("max_preemptions", None, nullable=True),
         preemptions=fields.int("preemptions", 0),
         min_runtime_s=fields.number("min_runtime_s", None, nullable=True),
-        grace_period_s=fields.number("grace_period_s", None, nullable=True),
+        grace_period_s=fields.number("grace_period_s", None, maximum=MAX_GRACE_PERIOD_S, nullable=True),
         last_checkpoint_at=fields.number("last_checkpoint_at", None, minimum=None, nullable=True),
         expected_runtime_s=fields.number("expected_runtime_s", None, nullable=True),
         preempted_for=fields.str("preempted_for", None) if running else None,

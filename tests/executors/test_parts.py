@@ -312,7 +312,7 @@ def test_a_task_asking_for_several_hosts_is_a_gang_counting_every_nodes_gpus(db,
         ),
         pytest.param(
             {"grace_period_s": "nan"},
-            """executor_config["quota"]["grace_period_s"]: 'nan' is not a finite number of seconds > 0""",
+            """executor_config["quota"]["grace_period_s"]: 'nan' is not a finite number of seconds > 0, at most 86400""",
             id="NaN grace period",
         ),
     ],

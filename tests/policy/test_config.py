@@ -94,6 +94,7 @@ BAD = [
     pytest.param(one_queue({"name": "a", "capacity": -1}), "queues[0].quotas[0].capacity: -1 is below the minimum 0", id="negative capacity"),
     pytest.param(one_queue({"name": "a", "capacity": 4, "borrow_limit": -2}), "queues[0].quotas[0].borrow_limit: -2 is below the minimum 0", id="negative borrow_limit"),
     pytest.param(one_queue({"name": "a", "capacity": 4, "grace_period_s": -5}), "queues[0].quotas[0].grace_period_s: -5 is below the minimum 0.0", id="negative grace period"),
+    pytest.param(one_queue({"name": "a", "capacity": 4, "grace_period_s": 1e12}), "queues[0].quotas[0].grace_period_s: 1000000000000.0 is above the maximum 86400", id="a grace period that would hold a victim's GPUs for good"),
     pytest.param(one_queue({"name": "a", "capacity": 4, "spare_finishing_within_s": -1}), "queues[0].quotas[0].spare_finishing_within_s: -1 is below the minimum 0.0", id="negative spare_finishing_within_s"),
     pytest.param(one_queue({"name": "a", "capacity": "four"}), "queues[0].quotas[0].capacity: expected an integer, got 'four'", id="capacity not a number"),
     pytest.param(
