@@ -3,6 +3,8 @@ and a decision over it the same as over the plain list of the same jobs."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from airflow_quota_provider.policy import State, decide
@@ -63,3 +65,26 @@ def test_without_explanations_the_same_jobs_start_and_stop():
     full, quiet = decide(state, 100.0), decide(state, 100.0, explain=False)
     assert (quiet.admit, quiet.preempt, quiet.reject) == (full.admit, full.preempt, full.reject)
     assert full.pending and not quiet.pending
+
+
+def test_a_kept_backlogs_jobs_asking_for_one_type_are_those_jobs_sorted_afresh():
+    rng = random.Random(5)
+    kept = Backlog()
+    for step in range(300):
+        if step == 30:
+            for gpu_type in ("h100", "a100"):
+                kept.of_type(gpu_type)
+        jobs = list(kept)
+        if not jobs or rng.random() < 0.6:
+            asked = rng.choice([(), ("h100",), ("a100",), ("a100", "h100")])
+            kept.add(pending(f"j{step}", rng.choice("ab"), rng.choice([1, 2, 4]), rng.choice([0, 10]),
+                             submitted_at=float(step), gpu_types=asked))
+        else:
+            kept.remove(rng.choice(jobs).id)
+        if step >= 30:
+            for gpu_type in ("h100", "a100"):
+                afresh = Backlog(job for job in kept if job.gpu_types == (gpu_type,))
+                by_type = kept.of_type(gpu_type)
+                assert list(by_type.in_queue_order()) == list(afresh.in_queue_order()), (step, gpu_type)
+                assert sorted((q, by_type.smallest(q), by_type.largest(q)) for q in by_type.quotas()) == sorted(
+                    (q, afresh.smallest(q), afresh.largest(q)) for q in afresh.quotas())

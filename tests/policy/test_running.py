@@ -1,6 +1,6 @@
-"""The running and waiting jobs kept between cycles: what a kept object counts equals what one built from
-the same jobs counts, per GPU type too (:meth:`Running.of_type`, :meth:`Backlog.of_type`), and a replay
-decides from kept objects as from lists."""
+"""The running jobs kept between cycles: what a kept object counts equals what one built from the same
+jobs counts, per GPU type too (:meth:`Running.of_type`), and a typed replay decides from kept objects
+(Backlog's per type too, tests/policy/test_backlog.py) as from lists."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from airflow_quota_provider.policy.running import Running
 from airflow_quota_provider.simulation.engine import Simulator
 from airflow_quota_provider.simulation.policies import policy_setup
 from airflow_quota_provider.simulation.typesplit import draw_gpu_types
-from tests.policy.builders import pending, running
+from tests.policy.builders import running
 from tests.simulation.builders import job, quota_file
 
 TYPES = ("h100", "a100")
@@ -50,29 +50,6 @@ def test_a_kept_objects_jobs_of_a_type_count_as_those_jobs_built_afresh():
             for gpu_type in TYPES:
                 afresh = Running(job for job in kept if job.gpu_type == gpu_type)
                 assert figures(kept.of_type(gpu_type)) == figures(afresh), (step, gpu_type)
-
-
-def test_a_kept_backlogs_jobs_asking_for_one_type_are_those_jobs_sorted_afresh():
-    rng = random.Random(5)
-    kept = Backlog()
-    for step in range(300):
-        if step == 30:
-            for gpu_type in TYPES:
-                kept.of_type(gpu_type)
-        jobs = list(kept)
-        if not jobs or rng.random() < 0.6:
-            asked = rng.choice([(), ("h100",), ("a100",), ("a100", "h100")])
-            kept.add(pending(f"j{step}", rng.choice("ab"), rng.choice([1, 2, 4]), rng.choice([0, 10]),
-                             submitted_at=float(step), gpu_types=asked))
-        else:
-            kept.remove(rng.choice(jobs).id)
-        if step >= 30:
-            for gpu_type in TYPES:
-                afresh = Backlog(job for job in kept if job.gpu_types == (gpu_type,))
-                by_type = kept.of_type(gpu_type)
-                assert list(by_type.in_queue_order()) == list(afresh.in_queue_order()), (step, gpu_type)
-                assert sorted((q, by_type.smallest(q), by_type.largest(q)) for q in by_type.quotas()) == sorted(
-                    (q, afresh.smallest(q), afresh.largest(q)) for q in afresh.quotas())
 
 
 def test_a_typed_replay_decides_from_kept_jobs_as_from_the_same_jobs_listed():
