@@ -8,9 +8,9 @@ itself is in ``test_batch_training_dag.py``.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import re
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -434,8 +434,9 @@ def test_more_instances_than_a_share_can_ever_hold_are_refused_before_submitting
     assert len(queue.calls_of("SubmitServiceJob")) == 1
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sagemaker") is not None, reason="the SageMaker SDK is installed")
-def test_a_model_trainer_without_the_sagemaker_sdk_names_the_extra():
+def test_a_model_trainer_without_the_sagemaker_sdk_names_the_extra(monkeypatch):
+    # As where the SDK is not installed (the test environment has it): its import fails.
+    monkeypatch.setitem(sys.modules, "sagemaker.train.model_trainer", None)
     with pytest.raises(ValueError, match=r"^model_trainer: needs the SageMaker Python SDK: pip install "
                        r"'airflow-quota-provider\[sagemaker\]'"):
         SageMakerBatchTrainingOperator(task_id="train", job_queue=JOB_QUEUE, model_trainer=object())
