@@ -12,7 +12,7 @@ type's capacity is what it can hold.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 from dataclasses import replace
 
@@ -92,22 +92,9 @@ def split_types(quota_file: QuotaFile, shares: dict[str, float], gpus_per_host: 
             raise InputError(FLAG, f"GPU type {empty} gets no GPUs of job queue {queue.name} ({queue.capacity} GPUs"
                              + (f" on hosts of {gpus_per_host}" if gpus_per_host else "") + "): raise its share")
         fractions = [c / queue.capacity for c in capacity]
-        room = list(capacity)
-        quotas = []
-        for quota in queue.quotas:
-            parts = _apportion(quota.capacity, fractions, room)
-            room = [r - p for r, p in zip(room, parts)]
-            entry = {**quota_to_dict(quota), "capacity": dict(zip(names, parts))}
-            entry.update(_limits(quota, parts, fractions, names))
-            quotas.append(entry)
-        cohorts = []
-        cohort_room = list(capacity)
-        for cohort in queue.cohorts:
-            parts = _apportion(cohort.capacity, fractions, cohort_room)
-            cohort_room = [r - p for r, p in zip(cohort_room, parts)]
-            entry = {**cohort_to_dict(cohort), "capacity": dict(zip(names, parts))}
-            entry.update(_limits(cohort, parts, fractions, names))
-            cohorts.append(entry)
+        room = list(capacity)  # what the type has left to give its quotas, then its cohorts
+        quotas = _split_entries(queue.quotas, quota_to_dict, fractions, room, names)
+        cohorts = _split_entries(queue.cohorts, cohort_to_dict, fractions, room, names)
         queues.append({"name": queue.name, "capacity": dict(zip(names, capacity)), "quotas": quotas,
                        **({"cohorts": cohorts} if cohorts else {}),
                        **({"capacity_unit": queue.capacity_unit} if queue.capacity_unit else {})})
@@ -115,6 +102,18 @@ def split_types(quota_file: QuotaFile, shares: dict[str, float], gpus_per_host: 
         return parse_quota_file({"queues": queues})
     except PolicyError as error:
         raise InputError(FLAG, f"the split quota file is not valid: {error}") from None
+
+
+def _split_entries(entries: Sequence[Quota | Cohort], to_dict: Callable[[Any], dict[str, Any]], fractions: list[float],
+                   room: list[int], names: list[str]) -> list[dict[str, Any]]:
+    """Quotas (or cohorts) in the quota file's form with a capacity and limits per type, each type's
+    part taken from ``room`` (left for the next)."""
+    out = []
+    for entry in entries:
+        parts = _apportion(entry.capacity, fractions, room)
+        room[:] = [r - p for r, p in zip(room, parts)]
+        out.append({**to_dict(entry), "capacity": dict(zip(names, parts)), **_limits(entry, parts, fractions, names)})
+    return out
 
 
 def _limits(entry: Quota | Cohort, parts: list[int], fractions: list[float], names: list[str]) -> dict[str, Any]:
