@@ -7,7 +7,7 @@ import getpass
 import json
 import sys
 import time
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
@@ -26,6 +26,9 @@ from airflow_quota_provider.models.job import (
     show_priority_on_task_instance,
 )
 from airflow_quota_provider.simulation.forecast import describe_start
+
+if TYPE_CHECKING:
+    from airflow_quota_provider.policy import CohortUsage
 
 
 def _needs_tables(command):
@@ -92,7 +95,8 @@ def _print_csv(rows: list[dict[str, Any]], columns: list[str]) -> None:
 @suppress_logs_and_warning
 @_needs_tables
 def status(args) -> None:
-    """Per quota: capacity, in use, borrowed, lent, free, pending jobs and GPUs (from the policy)."""
+    """Per quota: capacity, in use, borrowed, lent, free, pending jobs and GPUs (from the policy); a
+    typed job queue's quotas also per GPU type."""
     if getattr(args, "backend", "local") == "aws-batch":
         from airflow_quota_provider.cli import aws_command
 
@@ -107,8 +111,14 @@ def status(args) -> None:
             row = {"queue": r.queue.name, "quota": r.quota.name, "sharing": r.quota.sharing}
             row.update({k: getattr(r.usage, k) for k in (
                 "capacity", "in_use", "borrowed", "lent", "free", "pending_jobs", "pending_gpus")})
+            hosts = fleet.get(r.queue.name)
+            if r.types:
+                row["types"] = [{"gpu_type": t.gpu_type, **{k: getattr(t.usage, k) for k in TYPE_FIGURES}}
+                                for t in r.types]
+                if fleet:
+                    for t in row["types"]:
+                        t["queue_gpus"] = hosts.gpus_up_by_type.get(t["gpu_type"], 0) if hosts else 0
             if fleet:
-                hosts = fleet.get(r.queue.name)
                 row["queue_gpus"] = hosts.gpus_up if hosts else 0
                 row["hosts_lost"] = ",".join(hosts.lost) if hosts else ""
             rows.append(row)
@@ -118,13 +128,38 @@ def status(args) -> None:
     if cohorts:
         rows = as_tree(quota_file, rows, cohorts, indent=args.output != "json")
         columns.insert(2, "cohort")
+    if any(queue.types for queue in quota_file.queues):
+        columns.insert(columns.index("sharing"), "gpu_type")
+        if args.output != "json":
+            rows = with_type_rows(rows)
     _emit(rows, args.output, columns + (["queue_gpus", "hosts_lost"] if fleet else []))
+
+
+TYPE_FIGURES = ("capacity", "in_use", "borrowed", "lent", "free")
+"""A typed job queue's figures of a quota per GPU type (``status``'s ``types``)."""
+
+
+def with_type_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``status`` rows for a table or CSV: each quota (and cohort) of a typed job queue followed by one
+    row per GPU type (its ``gpu_type`` named, the queue, quota and cohort repeated, ``queue_gpus`` the
+    GPUs of that type's live hosts, no pending figures: a waiting job has no type until it is admitted)."""
+    out = []
+    for row in rows:
+        types = row.pop("types", ())
+        out.append(row)
+        out.extend({**{k: row[k] for k in ("queue", "quota", "cohort") if k in row}, **t} for t in types)
+    return out
+
+
+def _cohort_figures(usage: CohortUsage) -> dict[str, int]:
+    return {"capacity": usage.capacity, "in_use": usage.in_use, "borrowed": usage.borrowed, "lent": usage.lent}
 
 
 def as_tree(quota_file, quota_rows: list[dict[str, Any]], cohorts: list, *, indent: bool) -> list[dict[str, Any]]:
     """``status`` rows of a file with cohorts in tree order: in each job queue, the quotas of the root,
-    then each cohort (a row of its own: ``sharing`` is ``cohort``) followed by its subtree. A quota's
-    ``cohort`` is the cohort it is in, a cohort's its parent; with ``indent`` names are indented by depth."""
+    then each cohort (a row of its own: ``sharing`` is ``cohort``; a typed queue's with its ``types``)
+    followed by its subtree. A quota's ``cohort`` is the cohort it is in, a cohort's its parent; with
+    ``indent`` names are indented by depth."""
     by_quota = {(row["queue"], row["quota"]): row for row in quota_rows}
     by_cohort = {(row.queue.name, row.cohort.name): row for row in cohorts}
     result: list[dict[str, Any]] = []
@@ -136,10 +171,11 @@ def as_tree(quota_file, quota_rows: list[dict[str, Any]], cohorts: list, *, inde
                 result.append({**by_quota[(queue.name, quota.name)], "quota": pad + quota.name, "cohort": parent})
         for cohort in queue.cohorts:
             if cohort.parent == parent:
-                usage = by_cohort[(queue.name, cohort.name)].usage
+                row = by_cohort[(queue.name, cohort.name)]
                 result.append({"queue": queue.name, "quota": pad + cohort.name, "cohort": parent, "sharing": "cohort",
-                               "capacity": usage.capacity, "in_use": usage.in_use, "borrowed": usage.borrowed,
-                               "lent": usage.lent})
+                               **_cohort_figures(row.usage)})
+                if row.types:
+                    result[-1]["types"] = [{"gpu_type": t.gpu_type, **_cohort_figures(t.usage)} for t in row.types]
                 level(queue, cohort.name, depth + 1)
 
     for queue in quota_file.queues:
@@ -175,7 +211,10 @@ def hosts(args) -> None:
     if args.output != "json":
         for row in rows:
             row["queues"], row["devices"] = ",".join(row["queues"]), ",".join(row["devices"])
-    _emit(rows, args.output, ["name", "queues", "gpus", "in_use", "devices", "state", "heartbeat_age_s", "jobs"])
+    columns = ["name", "queues", "gpus", "in_use", "devices", "state", "heartbeat_age_s", "jobs"]
+    if any(row["gpu_type"] for row in rows):
+        columns.insert(2, "gpu_type")
+    _emit(rows, args.output, columns)
 
 
 @suppress_logs_and_warning
@@ -193,11 +232,13 @@ def jobs(args) -> None:
             row = _job_row(job, held.get(job.id, {}), now)
             row["preemptions"] = preemption_count(job.dag_id, job.run_id, job.task_id, job.map_index, session=session)
             rows.append(row)
+    columns = ["id", "dag_id", "task_id", "map_index", "run_id", "quota", "gpus", "nodes", "priority", "state",
+               "hosts", "devices", "preemptions", "pending_position", "expected_start", "pending_reason"]
+    if any(row["gpu_types"] or row["gpu_type"] for row in rows):
+        columns[columns.index("gpus"):columns.index("gpus")] = ["gpu_types", "gpu_type"]
     if args.output != "json":
         rows = [_cells(row) for row in rows]
-    _emit(rows, args.output, ["id", "dag_id", "task_id", "map_index", "run_id", "quota", "gpus", "nodes", "priority",
-                              "state", "hosts", "devices", "preemptions", "pending_position", "expected_start",
-                              "pending_reason"])
+    _emit(rows, args.output, columns)
 
 
 def _job_row(job: QuotaJob, held: dict[str, list[str]], now: float) -> dict[str, Any]:
@@ -224,6 +265,7 @@ def _cells(row: dict[str, Any]) -> dict[str, Any]:
         **row,
         "hosts": f"{hosts} ({row['nodes']} nodes)" if gang else hosts,
         "devices": devices if gang else ",".join(row["devices"]),
+        "gpu_types": ",".join(row["gpu_types"]),
     }
 
 
@@ -276,6 +318,9 @@ def explain(args) -> None:
     per_node = f" ({info['nodes']} nodes x {info['gpus'] // info['nodes']})" if info["nodes"] > 1 else ""
     print(f"job {info['id']}: {info['dag_id']}.{info['task_id']} {info['run_id']} try {info['try_number']}")
     print(f"  quota {info['quota']}, {info['gpus']} GPUs{per_node}, priority {info['priority']}, state {info['state']}")
+    if info["gpu_types"] or info["gpu_type"]:
+        asked = f"asked {', '.join(info['gpu_types'])}" if info["gpu_types"] else "any type"
+        print(f"  gpu type {info['gpu_type'] or '-'} ({asked})")
     if info["state"] == JobState.PENDING.value:
         print(f"  position {info['pending_position']}: {info['pending_reason']}")
         print(f"  {info['expected_start']}")
@@ -310,7 +355,7 @@ def usage(args) -> None:
     if args.output == "csv":
         print(usage_csv(rows, args.by), end="")
         return
-    _emit(rows, args.output, columns(args.by))
+    _emit(rows, args.output, columns(args.by, rows))
 
 
 @suppress_logs_and_warning

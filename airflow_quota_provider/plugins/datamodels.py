@@ -13,6 +13,22 @@ from airflow_quota_provider.models.base import PRIORITY_MAX, PRIORITY_MIN
 
 
 
+class QueueTypeResponse(BaseModel):
+    """One GPU type of a job queue with types."""
+
+    name: str = Field(description="The GPU type, as the quota file names it.")
+    capacity: int = Field(description="GPUs of that type in the job queue.")
+    in_use: int = Field(description="GPUs of that type held by running and stopping jobs of the queue.")
+    instance_type: str | None = Field(description="Instance type AWS Batch counts it in (instance_types), if set.")
+
+
+class FungibilityResponse(BaseModel):
+    """How a job of a typed job queue chooses among the types it may use (Kueue's flavorFungibility)."""
+
+    when_can_borrow: str = Field(description="borrow | try_next_type: where it fits only by borrowing.")
+    when_can_preempt: str = Field(description="try_next_type | preempt: where it fits only by preempting.")
+
+
 class QueueResponse(BaseModel):
     """A job queue: a pool of GPUs shared by its quotas."""
 
@@ -25,6 +41,12 @@ class QueueResponse(BaseModel):
     )
     in_use: int = Field(description="GPUs held by running and stopping jobs of the queue.")
     pending_jobs: int = Field(description="Jobs waiting for quota in the queue.")
+    types: list[QueueTypeResponse] | None = Field(
+        default=None, description="Its GPU types in the queue's order of preference (capacity is their sum); "
+        "null: one untyped kind of GPU."
+    )
+    fungibility: FungibilityResponse | None = Field(default=None, description="With GPU types: how jobs choose "
+                                                    "among them; null: untyped.")
 
 
 class QueueCollectionResponse(BaseModel):
@@ -43,6 +65,19 @@ class PreemptionPolicyResponse(BaseModel):
         description="Highest priority of other borrowing quotas' jobs that may be preempted while this quota "
         "itself borrows; null: off."
     )
+
+
+class QuotaTypeResponse(BaseModel):
+    """A quota's figures on one GPU type of a typed job queue (the type decided as a queue of its own)."""
+
+    name: str = Field(description="The GPU type.")
+    capacity: int = Field(description="The quota's share of that type, in GPUs.")
+    in_use: int = Field(description="GPUs of that type held by the quota's running and stopping jobs.")
+    borrowed: int = Field(description="GPUs of that type the quota uses above its share of it.")
+    lent: int = Field(description="GPUs of its share of that type used by other quotas' jobs.")
+    free: int = Field(description="The most GPUs of that type a new job of this quota could start now without "
+                      "preemption.")
+    idle: int = Field(description="GPUs of its share of that type that nobody uses.")
 
 
 class QuotaResponse(BaseModel):
@@ -69,6 +104,11 @@ class QuotaResponse(BaseModel):
     grace_period_s: float = Field(description="Seconds a preempted job gets to checkpoint before it is stopped.")
     preemption: PreemptionPolicyResponse = Field(description="The quota's preemption rules.")
     cohort: str | None = Field(default=None, description="Cohort the quota belongs to; null: the job queue's root.")
+    types: list[QuotaTypeResponse] | None = Field(
+        default=None, description="A quota of a job queue with GPU types: its figures per type, in the queue's "
+        "order (capacity, in_use, borrowed, lent and free above are over all types, borrow_limit and lend_limit "
+        "their sums); null: untyped. Waiting jobs have no type until admitted: pending figures are the quota's only."
+    )
 
 
 class QuotaCollectionResponse(BaseModel):
@@ -76,6 +116,16 @@ class QuotaCollectionResponse(BaseModel):
 
     quotas: list[QuotaResponse] = Field(description="The quotas, by job queue, in file order.")
     total_entries: int = Field(description="Number of quotas.")
+
+
+class CohortTypeResponse(BaseModel):
+    """A cohort's subtree's figures on one GPU type of a typed job queue."""
+
+    name: str = Field(description="The GPU type.")
+    subtree_capacity: int = Field(description="GPUs of that type its subtree owns.")
+    in_use: int = Field(description="GPUs of that type held by the jobs of the quotas in its subtree.")
+    borrowed: int = Field(description="GPUs of that type its subtree uses above its share of it.")
+    lent: int = Field(description="GPUs of its subtree's share of that type used outside it.")
 
 
 class CohortResponse(BaseModel):
@@ -91,6 +141,10 @@ class CohortResponse(BaseModel):
     lent: int = Field(description="GPUs of its subtree's capacity used outside it.")
     borrow_limit: int | None = Field(description="Most GPUs the subtree may borrow; null: unlimited.")
     lend_limit: int | None = Field(description="Most GPUs the subtree lends outside it; null: all idle ones.")
+    types: list[CohortTypeResponse] | None = Field(
+        default=None, description="A cohort of a job queue with GPU types: its figures per type, in the queue's "
+        "order (the figures above are over all types); null: untyped."
+    )
 
 
 class CohortCollectionResponse(BaseModel):
@@ -120,6 +174,10 @@ class JobResponse(BaseModel):
     quota: str = Field(description="Quota the job runs on.")
     queue: str | None = Field(description="Job queue of the quota, when the quota file names it.")
     gpus: int = Field(description="GPUs the job asks for.")
+    gpu_types: list[str] = Field(default=[], description="GPU types it may run on, in its order of preference "
+                                 "(gpu_type of the task); empty: any type of its job queue.")
+    gpu_type: str | None = Field(default=None, description="GPU type it runs on (chosen when admitted); null unless "
+                                 "running or stopping on a job queue with GPU types.")
     owned_gpus: int | None = Field(
         description="Of its GPUs, those within its quota's capacity; null unless running or stopping (or the "
         "quota file is unavailable)."
@@ -127,7 +185,8 @@ class JobResponse(BaseModel):
     borrowed_gpus: int | None = Field(
         description="Of its GPUs, those above its quota's capacity: a quota's jobs fill its capacity in the reverse "
         "of the victim order, so these are the GPUs of the jobs a reclaim stops first, and they add up to the "
-        "quota's borrowed. Null unless running or stopping."
+        "quota's borrowed (on a job queue with GPU types: above its quota's capacity of the job's type, adding up "
+        "to that type's borrowed). Null unless running or stopping."
     )
     reclaim_candidate: bool | None = Field(
         description="Whether a lender taking its GPUs back may preempt it now: it holds borrowed GPUs, may be "
@@ -253,6 +312,12 @@ class UsageRow(BaseModel):
     lent: float | None = Field(description="Quota rows: GPU-seconds of its idle capacity held by borrowers.")
     idle: float | None = Field(description="Quota rows: GPU-seconds of its capacity nobody used.")
     lost: float = Field(description="GPU-seconds of work lost to preemption (since the last checkpoint, or the start).")
+    gpu_type: str | None = Field(
+        default=None, description="Where a job queue has GPU types: the type of this row's figures (one row per key and type); "
+        "null for an untyped queue's quotas.")
+    cost: float | None = Field(
+        default=None, description="Where the quota file has a `gpu_hour_price`: the used_within + borrowed GPU-hours at the "
+        "price of each quota and GPU type; null where one of them has no price.")
 
 
 class UsageBucket(BaseModel):

@@ -17,12 +17,25 @@ class PendingJobView(BaseModel):
     label: str = Field(description="dag_id.task_id[map_index] and run id, for people.")
     gpus: int = Field(description="GPUs the job asks for (a gang's total).")
     nodes: int = Field(description="Hosts it needs at once: 1, or a gang's nodes (gpus / nodes on each).")
+    gpu_types: list[str] = Field(default=[], description="GPU types it may run on, in its order (empty: any).")
     priority: int = Field(description="Its priority.")
     position: int | None = Field(description="Position in its quota's queue (1 = next).")
     reason: str = Field(description="Why it waits, in words.")
     expected_start: str = Field(description='Its estimated start in words ("expected to start in about 12 min").')
     waiting_s: float = Field(description="Seconds in its current wait (the REST API's waiting_since to now).")
     ti_url: str = Field(description="Link to the task instance in the Airflow UI.")
+
+
+class TypeFiguresView(BaseModel):
+    """A quota's figures on one GPU type of a typed job queue, a line under its bar."""
+
+    name: str = Field(description="The GPU type.")
+    capacity: int = Field(description="The quota's share of that type.")
+    owned: int = Field(description="GPUs of that share its jobs use.")
+    borrowed: int = Field(description="GPUs of that type used above that share.")
+    lent: int = Field(description="GPUs of that share in use by other quotas.")
+    idle: int = Field(description="GPUs of that share nobody uses.")
+    free: int = Field(description="The most GPUs of that type a new job could start now without preemption.")
 
 
 class QuotaBarView(BaseModel):
@@ -44,6 +57,18 @@ class QuotaBarView(BaseModel):
     pending_gpus: int = Field(description="GPUs those jobs ask for.")
     pending: list[PendingJobView] = Field(description="Waiting jobs, by position.")
     cohort: str | None = Field(default=None, description="Cohort the quota is drawn in; null: the job queue itself.")
+    types: list[TypeFiguresView] = Field(default=[], description="Per GPU type of a typed job queue, in its order "
+                                         "(none: untyped).")
+
+
+class CohortTypeView(BaseModel):
+    """A cohort's subtree's figures on one GPU type of a typed job queue, a line under its heading."""
+
+    name: str = Field(description="The GPU type.")
+    capacity: int = Field(description="GPUs of that type its subtree owns.")
+    in_use: int = Field(description="GPUs of that type its quotas' jobs hold.")
+    borrowed: int = Field(description="GPUs of that type its subtree uses above its share of it.")
+    lent: int = Field(description="GPUs of its subtree's share of that type used outside it.")
 
 
 class CohortView(BaseModel):
@@ -55,6 +80,8 @@ class CohortView(BaseModel):
     in_use: int = Field(description="GPUs its quotas' jobs hold.")
     borrowed: int = Field(description="GPUs its subtree uses above its share, from the rest of the tree.")
     lent: int = Field(description="GPUs of its subtree's capacity used outside it.")
+    types: list[CohortTypeView] = Field(default=[], description="Per GPU type of a typed job queue, in its order "
+                                        "(none: untyped).")
 
 
 class QueueView(BaseModel):
@@ -65,6 +92,10 @@ class QueueView(BaseModel):
     in_use: int = Field(description="GPUs in use in the queue.")
     quotas: list[QuotaBarView] = Field(description="One bar per quota, in file order.")
     cohorts: list[CohortView] = Field(default=[], description="Its cohorts, in file order (none: flat).")
+    types: list[str] = Field(default=[], description='Its GPU types with their GPUs ("h100: 16"), in its order of '
+                             "preference (none: untyped).")
+    fungibility: str | None = Field(default=None, description="With GPU types: when_can_borrow and "
+                                    "when_can_preempt, in words; null: untyped.")
 
 
 class PreemptionView(BaseModel):

@@ -26,6 +26,7 @@ from airflow_quota_provider.models.job import (
     QuotaPreemptionCount,
     UNDECIDED,
     active_job_rows,
+    gpu_types_of,
     policy_job,
     set_priority,
     show_priority_on_task_instance,
@@ -34,36 +35,44 @@ from airflow_quota_provider.plugins import base_url
 from airflow_quota_provider.plugins.datamodels import (
     CohortCollectionResponse,
     CohortResponse,
+    CohortTypeResponse,
     EventCollectionResponse,
     EventResponse,
+    FungibilityResponse,
     JobCollectionResponse,
     JobResponse,
     NodePlacement,
     PreemptionPolicyResponse,
     QueueCollectionResponse,
     QueueResponse,
+    QueueTypeResponse,
     QuotaCollectionResponse,
     QuotaResponse,
+    QuotaTypeResponse,
     UsageBucket,
     UsageResponse,
     UsageRow,
 )
 from airflow_quota_provider.plugins.datamodels_ui import (
+    CohortTypeView,
     CohortView,
     DashboardResponse,
     PendingJobView,
     PreemptionView,
     QueueView,
     QuotaBarView,
+    TypeFiguresView,
 )
-from airflow_quota_provider.policy import PolicyError, Reclaim
+from airflow_quota_provider.policy import PolicyError, Reclaim, State
 from airflow_quota_provider.policy.ordering import victim_order
 from airflow_quota_provider.policy.preemption_policy import effective_max_preemptions, may_be_preempted, reclaim_ceiling
+from airflow_quota_provider.policy.types import running_by_type
 from airflow_quota_provider.simulation.forecast import describe_start
 from airflow_quota_provider.usage import (
     QuotaRow,
     cohort_rows,
     held_devices,
+    idle,
     job_hosts,
     job_nodes,
     pending_jobs,
@@ -78,6 +87,7 @@ if TYPE_CHECKING:
 
     from airflow_quota_provider.models.job import ActiveJob
     from airflow_quota_provider.policy import Job, Quota, QuotaFile
+    from airflow_quota_provider.policy.types import Fungibility
 
 JOB_STATES = tuple(s.value for s in JobState)
 EVENT_KINDS = tuple(k.value for k in EventKind)
@@ -177,6 +187,17 @@ def queues(quota_file: QuotaFile, *, session: Session) -> QueueCollectionRespons
                 common_pool=queue.capacity - sum(q.capacity for q in queue.quotas) - sum(c.capacity for c in queue.cohorts),
                 in_use=sum(r.usage.in_use for r in mine),
                 pending_jobs=sum(r.usage.pending_jobs for r in mine),
+                types=[
+                    QueueTypeResponse(
+                        name=t.name, capacity=t.capacity, instance_type=queue.instance_types.get(t.name),
+                        in_use=sum(of.usage.in_use for r in mine for of in r.types if of.gpu_type == t.name),
+                    )
+                    for t in queue.types
+                ] or None,
+                fungibility=FungibilityResponse(
+                    when_can_borrow=queue.fungibility.when_can_borrow.value,
+                    when_can_preempt=queue.fungibility.when_can_preempt.value,
+                ) if queue.types else None,
             )
         )
     return QueueCollectionResponse(queues=out, total_entries=len(out))
@@ -208,6 +229,11 @@ def _quota_response(row: QuotaRow) -> QuotaResponse:
             borrow_within=q.preemption.borrow_within,
         ),
         cohort=q.cohort,
+        types=[
+            QuotaTypeResponse(name=t.gpu_type, capacity=t.usage.capacity, in_use=t.usage.in_use,
+                              borrowed=t.usage.borrowed, lent=t.usage.lent, free=t.usage.free, idle=idle(t.usage))
+            for t in row.types
+        ] or None,
     )
 
 
@@ -229,6 +255,11 @@ def cohorts(quota_file: QuotaFile, *, session: Session) -> CohortCollectionRespo
             lent=row.usage.lent,
             borrow_limit=row.cohort.borrow_limit,
             lend_limit=row.cohort.lend_limit,
+            types=[
+                CohortTypeResponse(name=t.gpu_type, subtree_capacity=t.usage.capacity, in_use=t.usage.in_use,
+                                   borrowed=t.usage.borrowed, lent=t.usage.lent)
+                for t in row.types
+            ] or None,
         )
         for row in cohort_rows(quota_file, session=session)
     ]
@@ -290,29 +321,42 @@ def holdings(quota_file: QuotaFile, *, now: float, session: Session) -> dict[int
     preemption would take last first), so the GPUs above it, summarize's ``borrowed``, are those
     of the jobs a reclaim stops first. A job is a reclaim candidate when it holds borrowed GPUs,
     may be preempted at all (``may_be_preempted``), and a quota of its queue lends GPUs now under a
-    ``reclaim`` rule that reaches its priority."""
+    ``reclaim`` rule that reaches its priority. On a job queue with GPU types all of this is per type
+    (each type is decided as a queue of its own): the quota's capacity of the job's type, and the
+    quotas lending GPUs of that type."""
     from airflow_quota_provider.usage import quota_rows
 
     rows = [r for r in active_job_rows(session=session) if r.state != JobState.PENDING.value]
     counts = _preemption_counts(rows, session=session)
-    lenders: dict[str, list[Quota]] = {}
+    lenders: dict[tuple[str, str | None], list[Quota]] = {}  # (job queue, GPU type or None) -> lending quotas
     for row in quota_rows(quota_file, session=session):
-        if row.usage.lent > 0:
-            lenders.setdefault(row.queue.name, []).append(row.quota)
+        lent = [(t.gpu_type, t.usage.lent) for t in row.types] if row.types else [(None, row.usage.lent)]
+        for gpu_type, gpus in lent:
+            if gpus > 0:
+                lenders.setdefault((row.queue.name, gpu_type), []).append(row.quota)
     out: dict[int, Holding] = {}
     for queue in quota_file.queues:
-        for quota in queue.quotas:
-            mine = [(row, policy_job(row, counts.get(_ti(row), 0), last_checkpoint_at=last_checkpoint_at(row)))
-                    for row in rows if row.quota == quota.name]
-            room = quota.capacity
-            for row, job in sorted(mine, key=lambda pair: victim_order(pair[1], now), reverse=True):
-                owned = min(job.gpus, room)
-                room -= owned
-                borrowed = job.gpus - owned
-                candidate = borrowed > 0 and may_be_preempted(job, quota, now) and any(
-                    _reclaims(lender, job) for lender in lenders.get(queue.name, ()) if lender.name != quota.name
-                )
-                out[row.id] = Holding(borrowed, candidate, job.last_checkpoint_at)
+        names = {quota.name for quota in queue.quotas}
+        jobs = [policy_job(row, counts.get(_ti(row), 0), last_checkpoint_at=last_checkpoint_at(row))
+                for row in rows if row.quota in names]
+        if queue.types:
+            by_type = running_by_type(State.for_queue(queue, jobs, ()))
+            kinds = [(t.name, t.quotas, by_type[t.name]) for t in queue.types]
+        else:
+            kinds = [(None, queue.quotas, jobs)]
+        for gpu_type, quotas, running in kinds:
+            for quota in quotas:
+                room = quota.capacity
+                for job in sorted((j for j in running if j.quota == quota.name), key=lambda j: victim_order(j, now),
+                                  reverse=True):
+                    owned = min(job.gpus, room)
+                    room -= owned
+                    borrowed = job.gpus - owned
+                    candidate = borrowed > 0 and may_be_preempted(job, quota, now) and any(
+                        _reclaims(lender, job) for lender in lenders.get((queue.name, gpu_type), ())
+                        if lender.name != quota.name
+                    )
+                    out[int(job.id)] = Holding(borrowed, candidate, job.last_checkpoint_at)
     return out
 
 
@@ -376,6 +420,8 @@ def _job_response(job: QuotaJob, quota_file: QuotaFile | None, facts: JobFacts) 
         quota=job.quota,
         queue=job.queue_name or _queue_name(quota_file, job.quota),
         gpus=job.gpus,
+        gpu_types=list(gpu_types_of(job.gpu_types)),
+        gpu_type=job.gpu_type,
         owned_gpus=None if holding is None else job.gpus - holding.borrowed,
         borrowed_gpus=None if holding is None else holding.borrowed,
         reclaim_candidate=None if holding is None else holding.reclaim_candidate,
@@ -548,6 +594,7 @@ def dashboard(quota_file: QuotaFile, quota_path: str, *, editable: Sequence[str]
                 label=_label(job),
                 gpus=job.gpus,
                 nodes=job.nodes,
+                gpu_types=list(gpu_types_of(job.gpu_types)),
                 priority=job.priority,
                 position=job.pending_position,
                 reason=pending_reason(job, now) or UNDECIDED,
@@ -561,15 +608,14 @@ def dashboard(quota_file: QuotaFile, quota_path: str, *, editable: Sequence[str]
         bars = []
         for row in (r for r in rows if r.queue.name == queue.name):
             q, u = row.quota, row.usage
-            owned = u.in_use - u.borrowed
             bars.append(
                 QuotaBarView(
                     name=q.name,
                     capacity=u.capacity,
-                    owned=owned,
+                    owned=u.in_use - u.borrowed,
                     borrowed=u.borrowed,
                     lent=u.lent,
-                    idle=max(0, u.capacity - owned - u.lent),
+                    idle=idle(u),
                     free=u.free,
                     sharing=q.sharing,
                     borrow_limit=q.borrow_limit,
@@ -579,16 +625,25 @@ def dashboard(quota_file: QuotaFile, quota_path: str, *, editable: Sequence[str]
                     pending_gpus=u.pending_gpus,
                     pending=waiting.get(q.name, []),
                     cohort=q.cohort,
+                    types=[
+                        TypeFiguresView(name=t.gpu_type, capacity=t.usage.capacity,
+                                        owned=t.usage.in_use - t.usage.borrowed, borrowed=t.usage.borrowed,
+                                        lent=t.usage.lent, idle=idle(t.usage), free=t.usage.free)
+                        for t in row.types
+                    ],
                 )
             )
         cohorts = [
             CohortView(name=c.cohort.name, parent=c.cohort.parent, capacity=c.usage.capacity, in_use=c.usage.in_use,
-                       borrowed=c.usage.borrowed, lent=c.usage.lent)
+                       borrowed=c.usage.borrowed, lent=c.usage.lent,
+                       types=[CohortTypeView(name=t.gpu_type, capacity=t.usage.capacity, in_use=t.usage.in_use,
+                                             borrowed=t.usage.borrowed, lent=t.usage.lent) for t in c.types])
             for c in cohort_views if c.queue.name == queue.name
         ]
         views.append(
             QueueView(name=queue.name, capacity=queue.capacity, in_use=sum(b.owned + b.borrowed for b in bars), quotas=bars,
-                      cohorts=cohorts)
+                      cohorts=cohorts, types=[f"{t.name}: {t.capacity}" for t in queue.types],
+                      fungibility=_fungibility(queue.fungibility) if queue.types else None)
         )
     return DashboardResponse(
         generated_at=_dt(now),
@@ -597,6 +652,11 @@ def dashboard(quota_file: QuotaFile, quota_path: str, *, editable: Sequence[str]
         preemptions=recent_preemptions(session=session),
         editable_quotas=list(editable),
     )
+
+
+def _fungibility(fungibility: Fungibility) -> str:
+    return (f"when it can borrow: {fungibility.when_can_borrow.value}; "
+            f"when it can preempt: {fungibility.when_can_preempt.value}")
 
 
 def recent_preemptions(*, limit: int = RECENT_PREEMPTIONS, session: Session) -> list[PreemptionView]:
@@ -636,7 +696,8 @@ def _usage_rows(quota_file: QuotaFile, since: str, until: str | None, by: str, *
 
 
 def _usage_row(row: dict, by: str) -> UsageRow:
-    return UsageRow(key=row[by], **{k: row.get(k) for k in ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost")})
+    return UsageRow(key=row[by], **{k: row.get(k) for k in ("capacity_s", "used_within", "borrowed", "lent", "idle", "lost",
+                                                            "gpu_type", "cost")})
 
 
 def usage(

@@ -143,3 +143,128 @@ def test_hosts_count_a_gang_and_its_gpus_on_each_of_its_hosts(seeded, capsys):
     seeded.hosts(_args(output="json"))
     hosts = {h["name"]: (h["jobs"], h["in_use"]) for h in json.loads(capsys.readouterr().out)}
     assert hosts == {"gpu-a": (1, 2), "gpu-b": (1, 2), "gpu-c": (0, 0)}
+
+
+# ------------------------------------------------------------------------------------------- GPU types
+
+def _typed_commands(tmp_path, monkeypatch, quotas: str, jobs: list[dict], hosts: dict[str, tuple[str, str | None, int]]):
+    """The commands over a SQLite database seeded with ``jobs`` and ``hosts`` (name -> queue, GPU type,
+    GPUs), with ``quotas`` as the quota file."""
+    from contextlib import contextmanager
+
+    import yaml
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from airflow_quota_provider.cli import quota_command
+    from airflow_quota_provider.models.base import quota_metadata
+    from airflow_quota_provider.models.host import register_host
+    from airflow_quota_provider.policy import parse_quota_file
+    from tests.plugins.seed import seed_into
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'quota.db'}")
+    quota_metadata.create_all(engine)
+    with Session(engine) as session:
+        seed_into(jobs, session=session)
+        for name, (queue, gpu_type, gpus) in hosts.items():
+            register_host(name, queues=[queue], devices=[str(i) for i in range(gpus)], celery_name=None,
+                          gpu_type=gpu_type, session=session)
+        session.commit()
+
+    @contextmanager
+    def create_session():
+        with Session(engine) as session:
+            yield session
+
+    monkeypatch.setattr(quota_command, "create_session", create_session)
+    monkeypatch.setattr(quota_command, "_quota_file", lambda: parse_quota_file(yaml.safe_load(quotas)))
+    return quota_command
+
+
+TYPED_HOSTS = {"h100-a": ("mixed", "h100", 4), "a100-a": ("mixed", "a100", 8), "lab-a": ("lab", None, 2)}
+
+
+def test_status_lists_each_gpu_type_of_a_typed_quota_under_it(tmp_path, monkeypatch, capsys):
+    from tests.test_usage import TYPED_JOBS, TYPED_QUOTAS
+
+    commands = _typed_commands(tmp_path, monkeypatch, TYPED_QUOTAS, list(TYPED_JOBS), TYPED_HOSTS)
+    commands.status(_args(output="csv"))
+    figures = ("gpu_type", "capacity", "in_use", "borrowed", "lent", "free", "pending_jobs", "queue_gpus")
+    rows = [(r["quota"], *(r[k] for k in figures)) for r in csv.DictReader(io.StringIO(capsys.readouterr().out))]
+    assert rows == [
+        ("team-a", "", "6", "3", "0", "0", "7", "0", "12"),
+        ("team-a", "h100", "2", "3", "1", "0", "1", "", "4"),
+        ("team-a", "a100", "4", "0", "0", "0", "6", "", "8"),
+        ("team-b", "", "6", "2", "0", "0", "7", "1", "12"),
+        ("team-b", "h100", "2", "0", "0", "1", "1", "", "4"),
+        ("team-b", "a100", "4", "2", "0", "0", "6", "", "8"),
+        ("team-lab", "", "2", "1", "0", "0", "1", "0", "2"),
+    ]
+
+    commands.status(_args(output="table"))
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["queue", "quota", "gpu_type", "sharing"]
+    assert [line.split()[:3] for line in lines[:3]] == [["mixed", "team-a", "lend_and_borrow"], ["mixed", "team-a", "h100"],
+                                                        ["mixed", "team-a", "a100"]]
+
+    commands.status(_args(output="json"))
+    quotas = {row["quota"]: row for row in json.loads(capsys.readouterr().out)}
+    assert quotas["team-b"]["types"] == [
+        {"gpu_type": "h100", "capacity": 2, "in_use": 0, "borrowed": 0, "lent": 1, "free": 1, "queue_gpus": 4},
+        {"gpu_type": "a100", "capacity": 4, "in_use": 2, "borrowed": 0, "lent": 0, "free": 6, "queue_gpus": 8},
+    ]
+    assert "types" not in quotas["team-lab"]
+
+
+def test_status_of_an_untyped_quota_file_has_no_gpu_type_column(tmp_path, monkeypatch, capsys):
+    from tests.quota_api_support import BASELINE, QUOTAS
+
+    commands = _typed_commands(tmp_path, monkeypatch, QUOTAS, list(BASELINE), {})
+    commands.status(_args(output="csv"))
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert list(rows[0]) == ["queue", "quota", "sharing", "capacity", "in_use", "borrowed", "lent", "free", "pending_jobs",
+                             "pending_gpus"]
+    assert [r["quota"] for r in rows] == ["team-a", "team-b", "team-lab"]
+    commands.jobs(_args(output="csv"))
+    assert "gpu_type" not in capsys.readouterr().out.splitlines()[0]
+
+
+def test_jobs_show_the_gpu_types_asked_and_the_one_chosen_and_hosts_their_type(tmp_path, monkeypatch, capsys):
+    from tests.test_usage import TYPED_JOBS, TYPED_QUOTAS
+
+    commands = _typed_commands(tmp_path, monkeypatch, TYPED_QUOTAS, list(TYPED_JOBS), TYPED_HOSTS)
+    commands.jobs(_args(output="csv"))
+    jobs = {r["task_id"]: (r["gpu_types"], r["gpu_type"]) for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    assert jobs == {"team_a_on_h100": ("", "h100"), "team_b_on_a100": ("", "a100"),
+                    "team_b_waits_for_h100": ("h100", ""), "team_lab_running": ("", "")}
+
+    commands.explain(_args(output="table", dag_id="quota_cases", run_id="seeded", task_id="team_b_waits_for_h100"))
+    assert "  gpu type - (asked h100)\n" in capsys.readouterr().out
+
+    commands.hosts(_args(output="csv"))
+    hosts = {r["name"]: r["gpu_type"] for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    assert hosts == {"h100-a": "h100", "a100-a": "a100", "lab-a": ""}
+
+
+def test_status_lists_each_gpu_type_of_a_typed_cohort_under_it(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from tests.test_usage import TYPED_JOBS, TYPED_QUOTAS
+
+    data = yaml.safe_load(TYPED_QUOTAS)
+    data["queues"][0]["cohorts"] = [{"name": "ml"}]
+    data["queues"][0]["quotas"][0]["cohort"] = "ml"  # team-a
+    commands = _typed_commands(tmp_path, monkeypatch, yaml.safe_dump(data, sort_keys=False), list(TYPED_JOBS), {})
+    commands.status(_args(output="csv"))
+    rows = [(r["quota"], r["cohort"], r["gpu_type"], r["sharing"], r["capacity"], r["in_use"], r["borrowed"])
+            for r in csv.DictReader(io.StringIO(capsys.readouterr().out))]
+    assert rows[:6] == [
+        ("team-b", "", "", "lend_and_borrow", "6", "2", "0"),
+        ("team-b", "", "h100", "", "2", "0", "0"),
+        ("team-b", "", "a100", "", "4", "2", "0"),
+        ("ml", "", "", "cohort", "6", "3", "0"),
+        ("ml", "", "h100", "", "2", "3", "1"),
+        ("ml", "", "a100", "", "4", "0", "0"),
+    ]
+    assert rows[6:9] == [("  team-a", "ml", "", "lend_and_borrow", "6", "3", "0"),
+                         ("  team-a", "ml", "h100", "", "2", "3", "1"), ("  team-a", "ml", "a100", "", "4", "0", "0")]

@@ -83,6 +83,7 @@ def test_quotas_show_the_figures_the_policy_computes(server, jobs):
     assert (by_name["team-a"]["sharing"], by_name["team-a"]["max_priority"]) == ("lend_and_borrow", 100)
     assert (by_name["team-b"]["borrow_limit"], by_name["team-lab"]["sharing"]) == (4, "reserve")
     assert by_name["team-a"]["preemption"] == {"within_quota": "lower_priority", "reclaim": "any", "borrow_within": None}
+    assert by_name["team-a"]["types"] is None  # an untyped job queue's quota has no figures per GPU type
 
 
 def test_queues_list_their_quotas_and_usage(server, jobs):
@@ -91,7 +92,7 @@ def test_queues_list_their_quotas_and_usage(server, jobs):
     fleet = next(q for q in body["queues"] if q["name"] == "gpu-fleet")
     assert fleet == {
         "name": "gpu-fleet", "capacity": 8, "capacity_unit": None, "quotas": ["team-a", "team-b"],
-        "common_pool": 0, "in_use": 7, "pending_jobs": 2,
+        "common_pool": 0, "in_use": 7, "pending_jobs": 2, "types": None, "fungibility": None,
     }
 
 

@@ -34,7 +34,7 @@ def test_cohorts_show_their_subtrees_and_quotas_name_their_cohort(tmp_path):
         (page, _) = services.dashboard(quota_file, "quotas.yaml", session=session).queues
     assert ml.model_dump() == {
         "name": "ml", "queue": "gpu-fleet", "parent": None, "capacity": 2, "subtree_capacity": 6, "in_use": 2,
-        "borrowed": 0, "lent": 1, "borrow_limit": None, "lend_limit": 1,
+        "borrowed": 0, "lent": 1, "borrow_limit": None, "lend_limit": 1, "types": None,
     }
     assert (quotas["team-a"].cohort, quotas["team-b"].cohort) == ("ml", None)
     assert queue.common_pool == 0
@@ -248,3 +248,67 @@ def test_a_gang_shows_each_node_on_its_host_and_when_its_backoff_ends(tmp_path):
     pending = {p.id: p for quota in queue.quotas for p in quota.pending}
     assert (pending[str(ids["gang_waiting"])].nodes, pending[str(ids["gang_waiting"])].gpus) == (2, 4)
     assert pending[str(ids["gang_backing_off"])].reason == backing_off.pending_reason
+
+
+# ------------------------------------------------------------------------------------------- GPU types
+
+def test_a_typed_queue_and_its_quotas_show_their_figures_per_gpu_type_and_untyped_ones_none(tmp_path):
+    from tests.test_usage import TYPED_JOBS, TYPED_QUOTAS
+
+    quota_file = parse_quota_file(yaml.safe_load(TYPED_QUOTAS))
+    with _session(tmp_path) as session:
+        seed_into(list(TYPED_JOBS), session=session)
+        quotas = {q.name: q for q in services.quotas(quota_file, session=session).quotas}
+        mixed, lab = services.queues(quota_file, session=session).queues
+        jobs = {j.task_id: j for j in services.jobs(quota_file, quota=None, states=None, limit=10, offset=0,
+                                                     session=session).jobs}
+        page = services.dashboard(quota_file, "quotas.yaml", session=session)
+
+    assert [t.model_dump() for t in quotas["team-a"].types] == [
+        {"name": "h100", "capacity": 2, "in_use": 3, "borrowed": 1, "lent": 0, "free": 1, "idle": 0},
+        {"name": "a100", "capacity": 4, "in_use": 0, "borrowed": 0, "lent": 0, "free": 6, "idle": 4},
+    ]
+    assert (quotas["team-a"].capacity, quotas["team-a"].in_use, quotas["team-a"].borrowed) == (6, 3, 0)
+    assert [(t.name, t.lent, t.idle) for t in quotas["team-b"].types] == [("h100", 1, 1), ("a100", 0, 2)]
+    assert quotas["team-lab"].types is None
+
+    assert [t.model_dump() for t in mixed.types] == [
+        {"name": "h100", "capacity": 4, "in_use": 3, "instance_type": "ml.p5.48xlarge"},
+        {"name": "a100", "capacity": 8, "in_use": 2, "instance_type": "ml.p4d.24xlarge"},
+    ]
+    assert mixed.fungibility.model_dump() == {"when_can_borrow": "try_next_type", "when_can_preempt": "try_next_type"}
+    assert (lab.types, lab.fungibility) == (None, None)
+
+    assert (jobs["team_a_on_h100"].gpu_types, jobs["team_a_on_h100"].gpu_type) == ([], "h100")
+    # borrowed within its type: 3 h100s against team-a's 2 (its 6 GPUs in all would hide it), and team-b lends h100s
+    on_h100 = jobs["team_a_on_h100"]
+    assert (on_h100.owned_gpus, on_h100.borrowed_gpus, on_h100.reclaim_candidate) == (2, 1, True)
+    assert (jobs["team_b_on_a100"].borrowed_gpus, jobs["team_b_on_a100"].reclaim_candidate) == (0, False)
+    assert (jobs["team_b_waits_for_h100"].gpu_types, jobs["team_b_waits_for_h100"].gpu_type) == (["h100"], None)
+    assert (jobs["team_lab_running"].gpu_types, jobs["team_lab_running"].gpu_type) == ([], None)
+
+    typed, untyped = page.queues
+    assert typed.types == ["h100: 4", "a100: 8"] and "try_next_type" in typed.fungibility
+    team_a, team_b = typed.quotas
+    assert [(t.name, t.owned, t.borrowed, t.lent, t.idle) for t in team_a.types] == [("h100", 2, 1, 0, 0), ("a100", 0, 0, 0, 4)]
+    assert [j.gpu_types for j in team_b.pending] == [["h100"]]
+    assert (untyped.types, untyped.fungibility, untyped.quotas[0].types) == ([], None, [])
+
+
+def test_a_typed_cohort_shows_its_subtrees_figures_per_gpu_type(tmp_path):
+    from tests.test_usage import TYPED_JOBS, TYPED_QUOTAS
+
+    data = yaml.safe_load(TYPED_QUOTAS)
+    data["queues"][0]["cohorts"] = [{"name": "ml"}]
+    data["queues"][0]["quotas"][0]["cohort"] = "ml"  # team-a
+    with _session(tmp_path) as session:
+        seed_into(list(TYPED_JOBS), session=session)
+        (ml,) = services.cohorts(parse_quota_file(data), session=session).cohorts
+        (page, _) = services.dashboard(parse_quota_file(data), "quotas.yaml", session=session).queues
+    assert (ml.subtree_capacity, ml.in_use, ml.borrowed) == (6, 3, 0)
+    assert [t.model_dump() for t in ml.types] == [
+        {"name": "h100", "subtree_capacity": 2, "in_use": 3, "borrowed": 1, "lent": 0},
+        {"name": "a100", "subtree_capacity": 4, "in_use": 0, "borrowed": 0, "lent": 0},
+    ]
+    (box,) = page.cohorts  # the quota page's
+    assert [(t.name, t.capacity, t.in_use, t.borrowed) for t in box.types] == [("h100", 2, 3, 1), ("a100", 4, 0, 0)]

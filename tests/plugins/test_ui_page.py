@@ -352,3 +352,38 @@ def test_a_gang_shows_its_hosts_with_each_nodes_devices_and_its_gpus_per_node(se
         assert "4 (2 nodes × 2)" in pending.text and "needs 2 hosts with 2 GPUs free" in pending.text, pending.text
     finally:
         server.finish(running)
+
+
+def test_a_typed_queue_shows_its_types_and_each_quotas_and_cohorts_figures_per_type(server, browser):
+    """The shared api-server's lab queue made typed, its quota in a cohort, for this test (the quota
+    file is read on every request), with the same quota and the same GPUs in all, so what it leaves is
+    a finished job."""
+    server.baseline()
+    original = server.instance.quota_path.read_text()
+    typed = original.replace("capacity: 2\n", "capacity: {l4: 1, t4: 1}\n    cohorts: [{name: labs}]\n", 1).replace(
+        "{name: team-lab, capacity: 2,", "{name: team-lab, capacity: {l4: 1, t4: 1}, cohort: labs,", 1)
+    assert typed.count("{l4: 1, t4: 1}") == 2 and typed.count("labs") == 2
+    server.instance.quota_path.write_text(typed)
+    (job,) = server.seed({"case": "ui_typed_running", "quota": "team-lab", "gpus": 1, "state": "running",
+                          "gpu_type": "l4", "devices": ["15"]}).values()
+    try:
+        _log_in(browser, server, "viewer")
+        browser.get(f"{server.base}/quota/ui/?{urlsplit(quota_page_url(DAG_ID, RUN_ID, 'ui_typed_running', -1)).query}")
+        wait = WebDriverWait(browser, 60, ignored_exceptions=[StaleElementReferenceException])  # redrawn every 5 s
+        lines = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-quota='team-lab'] .type[data-gpu-type]"))
+        assert [line.get_attribute("data-gpu-type") for line in lines] == ["l4", "t4"]
+        assert "capacity 1 · owned 1 · borrowed 0 · lent 0 · idle 0 · can start now 0" in lines[0].text, lines[0].text
+        assert "capacity 1 · owned 0 · borrowed 0 · lent 0 · idle 1 · can start now 1" in lines[1].text, lines[1].text
+        lab = browser.find_element(By.CSS_SELECTOR, "[data-queue='lab'] .queue-types").text
+        assert lab.startswith("GPU types, in order: l4: 1 · t4: 1 (when it can borrow: borrow;"), lab
+        assert browser.find_elements(By.CSS_SELECTOR, "[data-queue='gpu-fleet'] .queue-types, [data-quota='team-a'] .type") == []
+        cohort = browser.find_elements(By.CSS_SELECTOR, "[data-cohort='labs'] > .types > [data-gpu-type]")
+        assert [line.text for line in cohort] == ["l4: 1 of 1 GPUs in use · borrowed 0 · lent 0",
+                                                  "t4: 0 of 1 GPUs in use · borrowed 0 · lent 0"]
+        facts = wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, f"#ti-job[data-job='{job}']")))
+        assert "GPU type l4 (any type)" in facts.text, facts.text
+        row = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f"#running tr[data-job='{job}']")))
+        assert row.find_element(By.CSS_SELECTOR, ".gpu-type").text == "l4"
+    finally:
+        server.instance.quota_path.write_text(original)
+        server.finish(job)

@@ -64,6 +64,30 @@ function bar(quota, scale) {
   return node;
 }
 
+// A typed job queue's quota: one line per GPU type under its bar, with that type's own bar.
+function typeLines(quota, scale) {
+  if (!quota.types.length) return null;
+  return el(
+    "div",
+    { class: "types" },
+    ...quota.types.map((t) =>
+      el(
+        "div",
+        { class: "type", "data-gpu-type": t.name },
+        el("span", { class: "type-name" }, t.name),
+        el("span", { class: "numbers" }, `capacity ${t.capacity} · owned ${t.owned} · borrowed ${t.borrowed} · lent ${t.lent} · idle ${t.idle} · can start now ${t.free}`),
+        bar({ ...t, name: `${quota.name} ${t.name}` }, scale),
+      ),
+    ),
+  );
+}
+
+// The GPU types a job asked for (in its order) and the one it runs on.
+function gpuTypes(job) {
+  const asked = job.gpu_types.length ? `asked ${job.gpu_types.join(", ")}` : "any type";
+  return `${job.gpu_type ?? "–"} (${asked})`;
+}
+
 function limits(quota) {
   const parts = [quota.sharing];
   if (quota.borrow_limit !== null) parts.push(`borrow ≤ ${quota.borrow_limit}`);
@@ -125,7 +149,7 @@ function pendingTable(quota) {
         { "data-job": job.id },
         el("td", { class: "num" }, job.position ?? "–"),
         el("td", {}, link(job.label, job.ti_url)),
-        el("td", { class: "num" }, `${job.gpus}${perNode(job)}`),
+        el("td", { class: "num" }, `${job.gpus}${perNode(job)}${job.gpu_types.length ? ` (${job.gpu_types.join(", ")})` : ""}`),
         priorityCell(job, quota.name, quota.max_priority),
         el("td", { class: "num" }, duration(job.waiting_s)),
         el("td", { class: "start" }, job.expected_start),
@@ -150,6 +174,7 @@ function drawQueues(data) {
       "section",
       { class: "queue", "data-queue": queue.name },
       el("div", { class: "head" }, el("h2", {}, `Job queue ${queue.name}`), el("span", { class: "numbers" }, `${queue.in_use} of ${queue.capacity} GPUs in use`)),
+      queue.types.length ? el("div", { class: "numbers queue-types" }, `GPU types, in order: ${queue.types.join(" · ")} (${queue.fungibility})`) : null,
     );
     // With cohorts, each cohort is a box inside its parent's (the queue card for a root cohort), and
     // each quota is drawn inside its cohort's box.
@@ -161,6 +186,9 @@ function drawQueues(data) {
           "div",
           { class: "cohort", "data-cohort": c.name },
           el("div", { class: "head" }, el("h3", {}, `Cohort ${c.name}`), el("span", { class: "numbers" }, `${c.in_use} of ${c.capacity} GPUs in use by its quotas · borrowed ${c.borrowed} · lent ${c.lent}`)),
+          c.types.length
+            ? el("div", { class: "types" }, ...c.types.map((t) => el("div", { class: "numbers", "data-gpu-type": t.name }, `${t.name}: ${t.in_use} of ${t.capacity} GPUs in use · borrowed ${t.borrowed} · lent ${t.lent}`)))
+            : null,
         ),
       );
     }
@@ -181,6 +209,7 @@ function drawQueues(data) {
             ),
           ),
           bar(q, scale),
+          typeLines(q, scale),
           pendingTable(q),
         ),
       );
@@ -236,7 +265,7 @@ function drawRunning(jobs) {
         { "data-job": job.id, "data-state": job.state },
         el("td", {}, link(name, job.ti_url), job.state === "stopping" ? el("span", { class: "badge" }, "stopping") : null),
         el("td", {}, job.quota),
-        el("td", { class: "num" }, gpus(job)),
+        el("td", { class: "num" }, gpus(job), job.gpu_type ? el("span", { class: "badge gpu-type" }, job.gpu_type) : null),
         el("td", { class: "placement" }, placement(job)),
         priorityCell(job, job.quota, job.max_priority),
         el("td", {}, job.started_at ? when(job.started_at) : "–"),
@@ -260,6 +289,7 @@ let auditOnJob = false;
 function jobFacts(job) {
   const facts = [["State", job.state], ["Quota", `${job.quota} (job queue ${job.queue ?? "unknown"})`], ["GPUs", gpus(job)],
                  ["Priority", job.priority], ["Preemptions", `${job.preemptions} of ${job.preemption_limit ?? "∞"}`]];
+  if (job.gpu_types.length || job.gpu_type) facts.splice(3, 0, ["GPU type", gpuTypes(job)]);
   if (job.state === "pending") {
     facts.push(["Position", job.pending_position ?? "–"], ["Why it waits", job.pending_reason ?? "waiting for the next scheduling cycle"],
                ["Start", job.expected_start], ["Waiting since", when(job.waiting_since)]);
@@ -398,10 +428,12 @@ function getUsage(query) {
   return getJson(`../api/usage?${query}`, "usage");
 }
 
-// A quota's row in a bucket; none (nothing charged) where the quota file in force then did not have it.
+// A quota's row in a bucket, its GPU types' rows added up; none (nothing charged) where the quota
+// file in force then did not have it.
 const NO_ROW = { capacity_s: 0, used_within: 0, borrowed: 0, lent: 0, idle: 0 };
 function rowOf(bucket, quota) {
-  return bucket.rows.find((r) => r.key === quota) ?? NO_ROW;
+  const rows = bucket.rows.filter((r) => r.key === quota);
+  return rows.length ? Object.fromEntries(Object.keys(NO_ROW).map((k) => [k, rows.reduce((sum, r) => sum + r[k], 0)])) : NO_ROW;
 }
 
 // One quota's stacked step areas: per bucket, the average GPUs of each kind (seconds / bucket length).
@@ -458,12 +490,20 @@ function ticks(node, span, t0, t1, top, y) {
   }
 }
 
+// One row per quota, or per quota and GPU type where a job queue has types (the GPU type column
+// shows then); the cost column shows where the quota file prices GPU-hours.
 function drawChargeback(week) {
-  const body = document.querySelector("#chargeback tbody");
+  const table = document.getElementById("chargeback");
+  const typed = week.rows.some((r) => r.gpu_type != null), priced = week.rows.some((r) => r.cost != null);
+  table.querySelector("th.gpu-type").hidden = !typed;
+  table.querySelector("th.cost").hidden = !priced;
+  const body = table.querySelector("tbody");
   body.replaceChildren();
   for (const r of inQuotaOrder(week.rows)) {
-    body.append(el("tr", { "data-key": r.key }, el("td", {}, r.key),
-                    ...[r.capacity_s, r.used_within, r.borrowed, r.lent, r.idle, r.lost].map((v) => el("td", { class: "num" }, hours(v)))));
+    body.append(el("tr", { "data-key": r.key, "data-gpu-type": r.gpu_type ?? "" }, el("td", {}, r.key),
+                    typed ? el("td", {}, r.gpu_type ?? "–") : null,
+                    ...[r.capacity_s, r.used_within, r.borrowed, r.lent, r.idle, r.lost].map((v) => el("td", { class: "num" }, hours(v))),
+                    priced ? el("td", { class: "num" }, r.cost == null ? "–" : r.cost.toFixed(2)) : null));
   }
 }
 
@@ -473,8 +513,8 @@ async function refreshUsage() {
     const data = await Promise.all(SPANS.map((s) => getUsage(`since=${until - s.seconds}&until=${until}&every=${s.every}`)));
     const root = document.getElementById("charts");
     root.replaceChildren();
-    for (const row of inQuotaOrder(data[0].rows)) {
-      root.append(el("div", { class: "name" }, row.key), ...SPANS.map((s, i) => chart(row.key, s, data[i])));
+    for (const quota of new Set(inQuotaOrder(data[0].rows).map((r) => r.key))) {  // a typed quota's rows: one chart
+      root.append(el("div", { class: "name" }, quota), ...SPANS.map((s, i) => chart(quota, s, data[i])));
     }
     const chargeback = SPANS.findIndex((s) => s.name === CHARGEBACK_SPAN);
     drawChargeback(data[chargeback]);
