@@ -45,20 +45,30 @@ class Backlog:
         """Per GPU type, the jobs that ask for that type only (:meth:`of_type`), from the first call on."""
         self.asking_types = 0
         """How many ask for GPU types (a job queue without types rejects them)."""
-        for job in jobs:
-            self._count(job)
-            key = queue_order(job)
-            self._entries.setdefault(job.quota, []).append((key, job))
-            self._sizes.setdefault(job.quota, {}).setdefault(job.gpus, []).append(key)
+        self._fill((queue_order(job), job) for job in jobs)
         for entries in self._entries.values():
             entries.sort()
         for sizes in self._sizes.values():
             for keys in sizes.values():
                 keys.sort()
 
+    def _fill(self, entries: Iterable[Entry]) -> None:
+        for key, job in entries:
+            self._count(job)
+            self._entries.setdefault(job.quota, []).append((key, job))
+            self._sizes.setdefault(job.quota, {}).setdefault(job.gpus, []).append(key)
+
     @classmethod
     def of(cls, pending: Iterable[Job]) -> Backlog:
         return pending if isinstance(pending, Backlog) else cls(pending)
+
+    @classmethod
+    def in_order(cls, entries: Iterable[Entry]) -> Backlog:
+        """The jobs of ``entries``, given in queue order with their keys (a typed job queue's share
+        of one it has ordered already): neither keyed nor sorted again."""
+        backlog = cls()
+        backlog._fill(entries)
+        return backlog
 
     def _count(self, job: Job) -> None:
         if job.id in self._jobs:
@@ -163,8 +173,12 @@ class Backlog:
 
     def in_queue_order(self) -> Iterator[Job]:
         """Every waiting job, across quotas, in queue order."""
-        for _, job in heapq.merge(*self._entries.values()):
+        for _, job in self.entries_in_queue_order():
             yield job
+
+    def entries_in_queue_order(self) -> Iterator[Entry]:
+        """Every waiting job as its :data:`Entry`, across quotas, in queue order."""
+        return heapq.merge(*self._entries.values())
 
     # Distinct sizes and priorities are few, so these are cheap however long the queue is.
     # Asked of every quota at every cycle: read from _span without a call when known.

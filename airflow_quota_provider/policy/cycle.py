@@ -75,9 +75,9 @@ def decide(state: State, now: float, *, explain: bool = True) -> Decision:
     return _Cycle(state, now).run(explain)
 
 
-def _decide_type(state: State, now: float, explain: bool) -> Decision:
+def _decide_type(state: State, now: float, explain: bool, gpu_type: str) -> Decision:
     """One GPU type of a typed job queue, as an untyped one whose jobs may ask for types."""
-    return _Cycle(state, now, of_type=True).run(explain)
+    return _Cycle(state, now, of_type=gpu_type).run(explain)
 
 
 def rejection_reason(
@@ -124,11 +124,12 @@ def rejection_reason(
 
 
 class _Cycle:
-    def __init__(self, state: State, now: float, *, of_type: bool = False) -> None:
+    def __init__(self, state: State, now: float, *, of_type: str | None = None) -> None:
         self.state = state
         self.now = now
         self.of_type = of_type
-        """Deciding one GPU type of a typed job queue (:func:`_decide_type`)."""
+        """The GPU type of a typed job queue being decided (:func:`_decide_type`): waiting jobs'
+        reasons start with its name."""
         self.backlog = Backlog.of(state.pending)
         self.running = Running.of(state.running)
         self.usage = usage_for(state, self.running.in_use)
@@ -505,6 +506,7 @@ class _Cycle:
         admitted = set(self.decision.admit)
         explainer = Explainer(self.usage, self.quotas, self.candidates, self.now, self.placement)
         positions: dict[str, int] = defaultdict(int)
+        prefix = f"{self.of_type}: " if self.of_type else ""
         for job in self.backlog.in_queue_order():
             if job.id in admitted or (job.id in self.handled and job.id not in self.waiting_for):
                 continue  # started, or rejected
@@ -523,6 +525,8 @@ class _Cycle:
                     reason = explainer.waiting(job, searched=False) + (
                         f"; does not borrow while {holder} of its quota waits for GPUs held for it"
                     )
+            if prefix:
+                reason = prefix + reason
             self.decision.pending.append(Pending(job.id, positions[job.quota], reason, self.awaiting.get(job.id, [])))
 
 

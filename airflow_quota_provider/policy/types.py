@@ -28,7 +28,7 @@ from functools import cached_property
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from airflow_quota_provider.policy.backlog import Backlog
+from airflow_quota_provider.policy.backlog import Backlog, Entry
 from airflow_quota_provider.policy.capacity import CohortTree, TreeUsage, Usage, ever_fits
 from airflow_quota_provider.policy.decision import Decision, Rejection
 from airflow_quota_provider.policy.errors import PolicyError
@@ -213,10 +213,10 @@ _FIT, _BORROW, _PREEMPT = 0, 1, 2
 
 def assign_types(
     state: State, now: float, running: Mapping[str, Sequence[Job]] | None = None
-) -> tuple[dict[str, Sequence[Job]], list[Rejection]]:
-    """Each waiting job's type for this cycle (in queue order), and the jobs no type can ever hold.
-    ``running``: :func:`running_by_type`'s, where the caller has it. From a :class:`~.backlog.Backlog`
-    the caller keeps whose jobs each ask for one of the queue's types, the ones it keeps per type."""
+) -> tuple[dict[str, Backlog], list[Rejection]]:
+    """Each type's waiting jobs for this cycle, and the jobs no type can ever hold. ``running``:
+    :func:`running_by_type`'s, where the caller has it. From a :class:`~.backlog.Backlog` the caller
+    keeps whose jobs each ask for one of the queue's types, the ones it keeps per type."""
     from airflow_quota_provider.policy.running import Running
 
     types = {t.name: t for t in state.types}
@@ -251,7 +251,7 @@ def assign_types(
         for host in state.hosts:
             if host.type in room and not host.down:
                 room[host.type] += host.gpus
-    assigned: dict[str, list[Job]] = {name: [] for name in order}
+    assigned: dict[str, list[Entry]] = {name: [] for name in order}  # in queue order
     rejected: list[Rejection] = []
     most: dict[tuple[str, str], int] = {}
     modes: dict[str, dict[tuple[str, int], int]] = {name: {} for name in order}
@@ -308,17 +308,24 @@ def assign_types(
             usage[choice].add(job.quota, job.gpus)
             queue_used[choice] += job.gpus
             modes[choice].clear()
-            settled.clear()
+            if _PREEMPT in accepted:
+                settled.clear()
             return choice
         settled[signature] = choice
         return choice
 
     settled: dict[tuple, str] = {}
-    """The type of a job that takes no room, by (quota, GPUs, nodes, types asked), until one takes room
-    somewhere: once the types are full, a long backlog costs one look-up a job."""
-    for job in pending.in_queue_order() if isinstance(pending, Backlog) else sorted(pending, key=queue_order):
-        if job.id in held:
-            assigned[held[job.id]].append(job)
+    """The type of a job that takes no room, by (quota, GPUs, nodes, types asked): once the types are
+    full, a long backlog costs one look-up a job. Taking room only ever worsens a mode (fit, borrow,
+    preempt, in that order), and a job that takes no room found every type it tried at preempt unless
+    preempting is accepted: then its choice holds for the cycle. Where preempting is accepted, a type
+    going from borrow to preempt can become the choice, so it holds until a job takes room."""
+    ordered = (pending.entries_in_queue_order() if isinstance(pending, Backlog)
+               else sorted([(queue_order(job), job) for job in pending]))  # keys end on the id: jobs never compared
+    for entry in ordered:
+        job = entry[1]
+        if held and job.id in held:
+            assigned[held[job.id]].append(entry)
             continue
         signature = (job.quota, job.gpus, job.nodes, job.gpu_types)
         choice = settled.get(signature)
@@ -326,9 +333,8 @@ def assign_types(
             choice = _choose(job, signature)
             if choice is None:
                 continue
-        assigned[choice].append(job)
-    return assigned, rejected
-    return assigned, rejected
+        assigned[choice].append(entry)
+    return {name: Backlog.in_order(entries) for name, entries in assigned.items()}, rejected
 
 
 _NEVER, _UNKNOWN_QUOTA, _MAYBE = 0, 1, 2
@@ -369,8 +375,11 @@ def _usage(gpu_type: GpuType, in_use: dict[str, int]) -> Usage:
     return TreeUsage(gpu_type.capacity, gpu_type.quotas, CohortTree(gpu_type.capacity, gpu_type.quotas, gpu_type.cohorts), in_use)
 
 
-def decide_types(state: State, now: float, explain: bool, decide_one: Callable[[State, float, bool], Decision]) -> Decision:
-    """Decide a typed job queue: one untyped decision per type, on the jobs given that type."""
+def decide_types(
+    state: State, now: float, explain: bool, decide_one: Callable[[State, float, bool, str], Decision]
+) -> Decision:
+    """Decide a typed job queue: one untyped decision per type, on the jobs given that type
+    (``decide_one``: its waiting jobs' reasons start with the type's name)."""
     from airflow_quota_provider.policy.running import Running
     from airflow_quota_provider.policy.state import State
 
@@ -385,11 +394,11 @@ def decide_types(state: State, now: float, explain: bool, decide_one: Callable[[
         name = gpu_type.name
         sub = State(
             capacity=gpu_type.capacity, quotas=gpu_type.quotas, running=Running.of(running[name]),
-            pending=Backlog.of(assigned[name]),
+            pending=assigned[name],
             hosts=None if state.hosts is None else tuple(hosts[name]) + _hosts_of_others(running[name], hosts[name]),
             cohorts=gpu_type.cohorts,
         )
-        decision = decide_one(sub, now, explain)
+        decision = decide_one(sub, now, explain, name)
         out.admit += decision.admit
         out.hosts.update(decision.hosts)
         out.types.update(dict.fromkeys(decision.admit, name))
@@ -398,8 +407,9 @@ def decide_types(state: State, now: float, explain: bool, decide_one: Callable[[
         # Jobs kept per type (Running.of_type) are all of the type: none counted on it from elsewhere.
         note = _uncounted(name, () if isinstance(running[name], Running) else running[name], stray,
                           state.types) if decision.pending else ""
-        for pending in decision.pending:
-            pending.reason = f"{name}: {pending.reason}{note}"
+        if note:
+            for pending in decision.pending:
+                pending.reason += note
         out.pending += decision.pending
     return out
 

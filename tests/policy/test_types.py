@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from airflow_quota_provider.policy import Host, Job, PolicyError, decide
 from airflow_quota_provider.policy.config import parse_quota_file
 from airflow_quota_provider.policy.state import State, parse_state
+from airflow_quota_provider.policy.types import assign_types
 
 NOW = 1000.0
 
@@ -78,6 +79,19 @@ def test_with_when_can_preempt_preempt_a_job_preempts_on_its_first_type():
     decision = decide(State.for_queue(q, running, [job("p1", 2, priority=9, types=("h100", "a100"))]), NOW)
     assert [p.id for p in decision.preempt] == ["r1"] and decision.admit == []
     assert decision.pending[0].reason.startswith("h100: ")
+
+
+def test_where_preempting_is_accepted_a_type_filled_since_becomes_the_choice_of_a_job_alike():
+    """when_can_borrow try_next_type, when_can_preempt preempt: p1 could only borrow on h100, so it
+    preempts on a100; p2 (team-b) then fills h100, where p3, asking what p1 asked, must preempt too:
+    being its first type, h100 is p3's choice, though p1's was a100."""
+    q = queue({"when_can_borrow": "try_next_type", "when_can_preempt": "preempt"})
+    running = [job("r1", 4, running_on="h100"), job("r2", 4, running_on="a100"), job("r3", 4, "team-b", running_on="a100")]
+    pending = [job("p1", 2, priority=9, types=("h100", "a100")), job("p2", 4, "team-b", priority=5, types=("h100",)),
+               job("p3", 2, priority=1, types=("h100", "a100"))]
+    assigned, _ = assign_types(State.for_queue(q, running, pending), NOW)
+    assert {name: [j.id for j in jobs.in_queue_order()] for name, jobs in assigned.items()} == {
+        "h100": ["p2", "p3"], "a100": ["p1"]}
 
 
 def test_an_untyped_job_is_never_a_way_around_a_typed_limit():
