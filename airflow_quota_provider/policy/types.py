@@ -255,8 +255,9 @@ def assign_types(
     rejected: list[Rejection] = []
     most: dict[tuple[str, str], int] = {}
     modes: dict[str, dict[tuple[str, int], int]] = {name: {} for name in order}
-    """Per type, :func:`_mode` by (quota, GPUs) until a job takes room there: most waiting jobs share a
-    few sizes, and once the types are full no job changes them."""
+    """Per type, :func:`_mode` by (quota, GPUs), until a job takes room there for those that could fit
+    or borrow (taking room only worsens a mode): most waiting jobs share a few sizes, and once the
+    types are full no job changes them."""
     unknown: dict[tuple[str, ...], str | None] = {}  # check_job_types per list of types asked
     verdicts: dict[tuple[str, str, int, int], int] = {}  # _verdict per (type, quota, GPUs, nodes)
     accepted = {_FIT}  # the modes in which a job takes a type without trying the next ones
@@ -307,7 +308,8 @@ def assign_types(
         elif modes[choice][size] != _PREEMPT:  # takes room (the loop looked it up)
             usage[choice].add(job.quota, job.gpus)
             queue_used[choice] += job.gpus
-            modes[choice].clear()
+            known = modes[choice]
+            modes[choice] = {size: mode for size, mode in known.items() if mode == _PREEMPT}  # stays so
             if _PREEMPT in accepted:
                 settled.clear()
             return choice
