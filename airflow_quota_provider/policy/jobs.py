@@ -78,7 +78,7 @@ class Host:
     queue's hosts, so a job only it can hold waits for it to return instead of being rejected."""
     rack: str | None = None
     zone: str | None = None
-    type: str | None = None
-    """Its GPUs' type, in a job queue with types (a host holds one type)."""
     """Topology labels: a gang's nodes go to hosts of one rack if it can, else of one zone (Kueue's
     ``podset-preferred-topology``), else anywhere."""
+    type: str | None = None
+    """Its GPUs' type, in a job queue with types (a host holds one type)."""
