@@ -17,6 +17,7 @@ branch_labels = None
 depends_on = None
 
 _KEY = ["day", "scope", "queue", "quota", "dag_id"]
+_FIGURES = ["capacity_s", "used_within", "borrowed", "lent", "idle", "lost", "drawn"]
 
 
 def upgrade():
@@ -29,14 +30,16 @@ def upgrade():
 
 
 def downgrade():
-    # Per-type rows of one quota and day become one row: their sums, as the roll-up had before types.
-    op.execute(
-        "INSERT INTO quota_usage_daily (day, scope, queue, quota, dag_id, gpu_type, capacity_s, used_within,"
-        " borrowed, lent, idle, lost, drawn) SELECT day, scope, queue, quota, dag_id, '', SUM(capacity_s),"
-        " SUM(used_within), SUM(borrowed), SUM(lent), SUM(idle), SUM(lost), SUM(drawn) FROM quota_usage_daily"
-        " WHERE gpu_type <> '' GROUP BY day, scope, queue, quota, dag_id"
-    )
-    op.execute("DELETE FROM quota_usage_daily WHERE gpu_type <> ''")
+    # A quota's rows of one day become one row, their sums, as the roll-up had before types: all the
+    # rows of that key, the untyped one too (a day on which its quota file gained types has both).
+    key = ", ".join(_KEY)
+    sums = ", ".join(f"SUM({f}) AS {f}" for f in _FIGURES)
+    op.execute(f"CREATE TABLE quota_usage_daily_sums AS SELECT {key}, {sums} FROM quota_usage_daily GROUP BY {key}")
+    op.execute("DELETE FROM quota_usage_daily")
+    figures = ", ".join(_FIGURES)
+    op.execute(f"INSERT INTO quota_usage_daily ({key}, gpu_type, {figures})"
+               f" SELECT {key}, '', {figures} FROM quota_usage_daily_sums")
+    op.execute("DROP TABLE quota_usage_daily_sums")
     with op.batch_alter_table("quota_usage_daily", recreate="always") as batch:
         batch.drop_constraint("quota_usage_daily_pkey", type_="primary")
         batch.create_primary_key("quota_usage_daily_pkey", _KEY)
