@@ -258,6 +258,7 @@ def assign_types(
     """Per type, :func:`_mode` by (quota, GPUs), until a job takes room there for those that could fit
     or borrow (taking room only worsens a mode): most waiting jobs share a few sizes, and once the
     types are full no job changes them."""
+    stuck: dict[str, dict[tuple[str, int], int]] = {name: {} for name in order}  # the modes[type] at preempt
     unknown: dict[tuple[str, ...], str | None] = {}  # check_job_types per list of types asked
     verdicts: dict[tuple[str, str, int, int], int] = {}  # _verdict per (type, quota, GPUs, nodes)
     accepted = {_FIT}  # the modes in which a job takes a type without trying the next ones
@@ -296,6 +297,8 @@ def assign_types(
             mode = known.get(size)
             if mode is None:
                 mode = known[size] = _mode(job, usage[name], min(types[name].capacity, room[name]) - queue_used[name])
+                if mode == _PREEMPT:
+                    stuck[name][size] = mode
             if mode in accepted:
                 choice = name
                 break
@@ -308,8 +311,7 @@ def assign_types(
         elif modes[choice][size] != _PREEMPT:  # takes room (the loop looked it up)
             usage[choice].add(job.quota, job.gpus)
             queue_used[choice] += job.gpus
-            known = modes[choice]
-            modes[choice] = {size: mode for size, mode in known.items() if mode == _PREEMPT}  # stays so
+            modes[choice] = stuck[choice].copy()  # a mode at preempt stays so
             if _PREEMPT in accepted:
                 settled.clear()
             return choice
