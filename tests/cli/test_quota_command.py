@@ -71,25 +71,28 @@ GANG = {"case": "gang", "quota": "team-a", "gpus": 4, "nodes": 2, "state": "runn
 ONE_HOST = {"case": "one_host", "quota": "team-a", "gpus": 1, "state": "running", "devices": ["7"]}
 
 
-@pytest.fixture
-def seeded(tmp_path, monkeypatch):
-    """The gang and a job on one host in a SQLite database that the commands' sessions read."""
+def _commands(tmp_path, monkeypatch, quotas: str | None, jobs: list[dict], hosts: dict[str, tuple[str, str | None, int]]):
+    """The commands over a SQLite database seeded with ``jobs`` and ``hosts`` (name -> queue, GPU type,
+    GPUs), with ``quotas`` as the quota file (None: the one configured)."""
     from contextlib import contextmanager
 
+    import yaml
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
     from airflow_quota_provider.cli import quota_command
     from airflow_quota_provider.models.base import quota_metadata
     from airflow_quota_provider.models.host import register_host
+    from airflow_quota_provider.policy import parse_quota_file
     from tests.plugins.seed import seed_into
 
     engine = create_engine(f"sqlite:///{tmp_path / 'quota.db'}")
     quota_metadata.create_all(engine)
     with Session(engine) as session:
-        seed_into([GANG, ONE_HOST], session=session)
-        for host in ("gpu-a", "gpu-b", "gpu-c"):
-            register_host(host, queues=["gpu-fleet"], devices=["0", "1", "2", "3"], celery_name=None, session=session)
+        seed_into(jobs, session=session)
+        for name, (queue, gpu_type, gpus) in hosts.items():
+            register_host(name, queues=[queue], devices=[str(i) for i in range(gpus)], celery_name=None,
+                          gpu_type=gpu_type, session=session)
         session.commit()
 
     @contextmanager
@@ -98,7 +101,16 @@ def seeded(tmp_path, monkeypatch):
             yield session
 
     monkeypatch.setattr(quota_command, "create_session", create_session)
+    if quotas is not None:
+        monkeypatch.setattr(quota_command, "_quota_file", lambda: parse_quota_file(yaml.safe_load(quotas)))
     return quota_command
+
+
+@pytest.fixture
+def seeded(tmp_path, monkeypatch):
+    """The gang and a job on one host in a SQLite database that the commands' sessions read."""
+    hosts = {host: ("gpu-fleet", None, 4) for host in ("gpu-a", "gpu-b", "gpu-c")}
+    return _commands(tmp_path, monkeypatch, None, [GANG, ONE_HOST], hosts)
 
 
 def _args(**kwargs):
@@ -147,39 +159,6 @@ def test_hosts_count_a_gang_and_its_gpus_on_each_of_its_hosts(seeded, capsys):
 
 # ------------------------------------------------------------------------------------------- GPU types
 
-def _typed_commands(tmp_path, monkeypatch, quotas: str, jobs: list[dict], hosts: dict[str, tuple[str, str | None, int]]):
-    """The commands over a SQLite database seeded with ``jobs`` and ``hosts`` (name -> queue, GPU type,
-    GPUs), with ``quotas`` as the quota file."""
-    from contextlib import contextmanager
-
-    import yaml
-    from sqlalchemy import create_engine
-    from sqlalchemy.orm import Session
-
-    from airflow_quota_provider.cli import quota_command
-    from airflow_quota_provider.models.base import quota_metadata
-    from airflow_quota_provider.models.host import register_host
-    from airflow_quota_provider.policy import parse_quota_file
-    from tests.plugins.seed import seed_into
-
-    engine = create_engine(f"sqlite:///{tmp_path / 'quota.db'}")
-    quota_metadata.create_all(engine)
-    with Session(engine) as session:
-        seed_into(jobs, session=session)
-        for name, (queue, gpu_type, gpus) in hosts.items():
-            register_host(name, queues=[queue], devices=[str(i) for i in range(gpus)], celery_name=None,
-                          gpu_type=gpu_type, session=session)
-        session.commit()
-
-    @contextmanager
-    def create_session():
-        with Session(engine) as session:
-            yield session
-
-    monkeypatch.setattr(quota_command, "create_session", create_session)
-    monkeypatch.setattr(quota_command, "_quota_file", lambda: parse_quota_file(yaml.safe_load(quotas)))
-    return quota_command
-
 
 TYPED_HOSTS = {"h100-a": ("mixed", "h100", 4), "a100-a": ("mixed", "a100", 8), "lab-a": ("lab", None, 2)}
 
@@ -187,7 +166,7 @@ TYPED_HOSTS = {"h100-a": ("mixed", "h100", 4), "a100-a": ("mixed", "a100", 8), "
 def test_status_lists_each_gpu_type_of_a_typed_quota_under_it(tmp_path, monkeypatch, capsys):
     from tests.test_usage import TYPED_JOBS, TYPED_QUOTAS
 
-    commands = _typed_commands(tmp_path, monkeypatch, TYPED_QUOTAS, list(TYPED_JOBS), TYPED_HOSTS)
+    commands = _commands(tmp_path, monkeypatch, TYPED_QUOTAS, list(TYPED_JOBS), TYPED_HOSTS)
     commands.status(_args(output="csv"))
     figures = ("gpu_type", "capacity", "in_use", "borrowed", "lent", "free", "pending_jobs", "queue_gpus")
     rows = [(r["quota"], *(r[k] for k in figures)) for r in csv.DictReader(io.StringIO(capsys.readouterr().out))]
@@ -219,7 +198,7 @@ def test_status_lists_each_gpu_type_of_a_typed_quota_under_it(tmp_path, monkeypa
 def test_status_of_an_untyped_quota_file_has_no_gpu_type_column(tmp_path, monkeypatch, capsys):
     from tests.quota_api_support import BASELINE, QUOTAS
 
-    commands = _typed_commands(tmp_path, monkeypatch, QUOTAS, list(BASELINE), {})
+    commands = _commands(tmp_path, monkeypatch, QUOTAS, list(BASELINE), {})
     commands.status(_args(output="csv"))
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert list(rows[0]) == ["queue", "quota", "sharing", "capacity", "in_use", "borrowed", "lent", "free", "pending_jobs",
@@ -232,7 +211,7 @@ def test_status_of_an_untyped_quota_file_has_no_gpu_type_column(tmp_path, monkey
 def test_jobs_show_the_gpu_types_asked_and_the_one_chosen_and_hosts_their_type(tmp_path, monkeypatch, capsys):
     from tests.test_usage import TYPED_JOBS, TYPED_QUOTAS
 
-    commands = _typed_commands(tmp_path, monkeypatch, TYPED_QUOTAS, list(TYPED_JOBS), TYPED_HOSTS)
+    commands = _commands(tmp_path, monkeypatch, TYPED_QUOTAS, list(TYPED_JOBS), TYPED_HOSTS)
     commands.jobs(_args(output="csv"))
     jobs = {r["task_id"]: (r["gpu_types"], r["gpu_type"]) for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
     assert jobs == {"team_a_on_h100": ("", "h100"), "team_b_on_a100": ("", "a100"),
@@ -254,7 +233,7 @@ def test_status_lists_each_gpu_type_of_a_typed_cohort_under_it(tmp_path, monkeyp
     data = yaml.safe_load(TYPED_QUOTAS)
     data["queues"][0]["cohorts"] = [{"name": "ml"}]
     data["queues"][0]["quotas"][0]["cohort"] = "ml"  # team-a
-    commands = _typed_commands(tmp_path, monkeypatch, yaml.safe_dump(data, sort_keys=False), list(TYPED_JOBS), {})
+    commands = _commands(tmp_path, monkeypatch, yaml.safe_dump(data, sort_keys=False), list(TYPED_JOBS), {})
     commands.status(_args(output="csv"))
     rows = [(r["quota"], r["cohort"], r["gpu_type"], r["sharing"], r["capacity"], r["in_use"], r["borrowed"])
             for r in csv.DictReader(io.StringIO(capsys.readouterr().out))]
