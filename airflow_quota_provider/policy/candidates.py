@@ -156,9 +156,10 @@ class Candidates:
                 entries.sort(key=entry_key)
         return self._on_host
 
-    def hosts(self) -> list[str]:
-        """The hosts with candidates on them (taken or not)."""
-        return list(self._host_lists())
+    def gpus_by_host(self) -> dict[str | None, int]:
+        """:meth:`gpus_on` of every host with candidates on it (taken or not); read-only."""
+        self._host_lists()
+        return self._host_gpus
 
     def gpus_on(self, host: str) -> int:
         """GPUs of the candidates on ``host`` not yet taken, whatever the rules: an upper bound on what

@@ -21,6 +21,8 @@ A gang victim is one victim, and frees its GPUs per node on each of its hosts.
 
 from __future__ import annotations
 
+import heapq
+
 from airflow_quota_provider.policy.candidates import Candidates
 from airflow_quota_provider.policy.capacity import Usage
 from airflow_quota_provider.policy.config import Quota
@@ -278,11 +280,12 @@ def _gang_targets(
     costs = []
     # The hosts nearest to room first, and a few more than it needs: a fleet has hundreds, and a
     # host that lacks more rarely makes room more cheaply.
-    near = sorted(
-        (per - settled[name], name) for name in candidates.hosts()
-        if name not in placement.down and 0 < per - settled[name] <= candidates.gpus_on(name)
-    )
-    for lacking, name in near[:need + _GANG_HOSTS_SEARCHED]:
+    down = placement.down
+    near = heapq.nsmallest(need + _GANG_HOSTS_SEARCHED, (
+        (per - settled[name], name) for name, gpus in candidates.gpus_by_host().items()
+        if name not in down and 0 < per - settled[name] <= gpus
+    ))
+    for lacking, name in near:
         taken, freed = [], 0
         for candidate, _ in candidates.on_host(preemptor, quota, usage, name, borrow=borrow):
             taken.append(candidate)
