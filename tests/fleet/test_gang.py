@@ -1,14 +1,18 @@
 """A gang on the fleet: a 2-node torch.distributed job (gloo, CPU, through torchrun) on the fleet
 tests' three Celery hosts, borrowing GPUs; its lender takes them back, both nodes checkpoint, and it
-resumes on another pair of hosts with the same result as an uninterrupted run. Real PostgreSQL,
+resumes on another pair of hosts with the same result as an uninterrupted run; a gang whose member's
+host takes no launch backs off and fails at its start limit without using a retry. Real PostgreSQL,
 Redis, scheduler, api-server, dag-processor and ``airflow quota worker`` hosts (tests/fleet/conftest.py)."""
 
 from __future__ import annotations
 
+import json
+import signal
 import time
 
 import pytest
 
+from airflow_quota_provider.executors.celery_worker import host_queue
 from tests.fleet.test_fleet import assert_no_device_held_twice
 from tests.integration_support import wait_for
 
@@ -87,3 +91,91 @@ def test_a_gang_whose_member_host_dies_is_evicted_as_one_and_runs_again_on_live_
     finally:
         fleet.start_worker(doomed)  # the host comes back for the tests after this one
         wait_for(lambda: not fleet.sql("SELECT 1 FROM quota_host WHERE state = 'lost'"), f"{doomed} to rejoin", timeout=120)
+
+
+# A gang whose member cannot start: a scheduler of this test's own runs it with short gang timeouts
+# (these [quota] settings are read by the scheduler alone); the fleet's scheduler is back after it.
+# A member sent to a host that does not take it ends the gang after launch_start_timeout_s (its
+# gang_start_timeout_s counts only until the member is sent: node 0 has published its command).
+GANG_START = {
+    "AIRFLOW__QUOTA__LAUNCH_START_TIMEOUT_S": "5",
+    "AIRFLOW__QUOTA__GANG_BACKOFF_S": "2",
+    "AIRFLOW__QUOTA__GANG_START_LIMIT": "2",
+}
+
+
+def _restart_scheduler(fleet, env: dict[str, str] | None = None) -> None:
+    proc = fleet.procs.pop("scheduler", None)
+    if proc is not None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    fleet.start_process("scheduler", "scheduler", env=env)
+
+
+def _consume(fleet, hosts: list[str], *, on: bool) -> None:
+    """Hosts' Celery workers stop (or go back to) consuming their own queue: they heartbeat and
+    answer remote control as before, but take no launch meanwhile."""
+    control = fleet._broker().control
+    for host in hosts:
+        change = control.add_consumer if on else control.cancel_consumer
+        replies = change(host_queue(host), destination=[f"celery@{host}"], reply=True, timeout=5)
+        assert [list(r) for r in replies] == [[f"celery@{host}"]] and "ok" in replies[0][f"celery@{host}"], replies
+
+
+def test_a_gang_whose_member_cannot_start_is_requeued_with_backoff_without_a_retry_then_fails_at_its_start_limit(fleet):
+    wait_for(lambda: not fleet.sql("SELECT 1 FROM quota_job WHERE state IN ('running', 'stopping')"), "an idle fleet",
+             timeout=120, on_timeout=lambda: fleet.tail("scheduler"))
+    # Node 0 goes on the first host (an idle fleet's hosts tie, by name); no other host takes the
+    # member's launch.
+    blocked = ["gpu-b", "gpu-c"]
+    not_before: list[float] = []  # when each backoff ends, as the executor set it
+
+    def ended() -> bool:
+        job = fleet.sql("SELECT gang FROM quota_job WHERE dag_id='gang_start_fails'")
+        until = json.loads(job[0]["gang"] or "{}").get("not_before") if job else None
+        if until is not None and until not in not_before:
+            not_before.append(until)
+        return bool(fleet.sql("SELECT 1 FROM dag_run WHERE dag_id='gang_start_fails' AND state IN ('success', 'failed')"))
+
+    try:
+        _restart_scheduler(fleet, GANG_START)
+        _consume(fleet, blocked, on=False)
+        run = fleet.trigger("gang_start_fails")
+        wait_for(ended, "the gang's starts to run out", timeout=240, interval=0.5,
+                 on_timeout=lambda: f"{fleet.unfinished('gang_start_fails', run)}\n{fleet.tail('scheduler')}")
+    finally:
+        _consume(fleet, blocked, on=True)
+        _restart_scheduler(fleet)
+
+    admitted = fleet.events("admitted", dag_id="gang_start_fails")
+    assert [(e["host"], e["message"].split("; ")[-1]) for e in admitted] == [
+        ("gpu-a", "node 0 of 2"), ("gpu-b", "node 1 of 2")] * 3, [dict(e) for e in admitted]
+    # Three starts, of node 0 each time and of its member never: each ended the gang as one.
+    (job,) = fleet.sql("SELECT * FROM quota_job WHERE dag_id='gang_start_fails'")
+    members = fleet.sql("SELECT * FROM quota_launch WHERE job_id=? AND node_rank=1", job["id"])
+    assert len(members) == 3 and all(m["worker_pid"] is None and m["state"] == "cancelled" for m in members), members
+    nodes0 = fleet.sql("SELECT * FROM quota_launch WHERE job_id=? AND node_rank=0", job["id"])
+    assert len(nodes0) == 3 and all(n["worker_pid"] for n in nodes0), nodes0
+    never_taken = "node 1 of 2 on host gpu-b was never taken by its host"
+
+    # The first two: back in line without a retry, and admitted again only after a backoff that doubles.
+    evicted = fleet.events("evicted", dag_id="gang_start_fails")
+    assert [e["message"].split("; waits")[0] for e in evicted] == [
+        f"gang ended: {never_taken}; admitted again after 2 s (start 1 of 3)",
+        f"gang ended: {never_taken}; admitted again after 4 s (start 2 of 3)",
+    ]
+    assert len(not_before) == 2, not_before
+    for failed_start, until, next_start in zip(evicted, not_before, admitted[2::2]):
+        assert failed_start["at"] < until <= next_start["at"], (dict(failed_start), until, dict(next_start))
+    assert not fleet.events("preempted", dag_id="gang_start_fails")
+
+    # The third, past the limit: the task fails saying why, on its first try (its one retry unused).
+    (ti,) = fleet.tis("gang_start_fails", run).values()
+    assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("failed", 1, 1)
+    assert not fleet.sql("SELECT 1 FROM task_instance_history WHERE dag_id='gang_start_fails'")
+    why = f"the gang did not start 3 times ([quota] gang_start_limit 2); last: {never_taken}"
+    assert (job["state"], job["message"]) == ("finished", why)
+    (failed,) = fleet.sql("SELECT extra FROM log WHERE dag_id='gang_start_fails' AND event='quota failed'")
+    assert failed["extra"] == f"QuotaExecutor: {why}"
+    assert not fleet.sql("SELECT 1 FROM quota_device_allocation WHERE job_id=?", job["id"])
+    assert_no_device_held_twice(fleet)
