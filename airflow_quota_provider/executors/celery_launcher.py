@@ -118,12 +118,12 @@ class CeleryLauncher:
         }
         sent_before = db_now(session) - conf.getfloat("quota", "launch_start_timeout_s", fallback=60.0)
         lost = set(session.scalars(select(QuotaHost.name).where(QuotaHost.state == HostState.LOST.value)))
-        running, ended = Status(Liveness.RUNNING), Status(Liveness.ENDED)
+        running, ended, sent = Status(Liveness.RUNNING), Status(Liveness.ENDED), Status(Liveness.RUNNING, taken=False)
         out = {}
         for handle in handles:
             state, rc, host, sent_at = rows.get(handle, (_CANCELLED, None, None, None))
-            if state == _SENT and sent_at < sent_before:
-                out[handle] = Status(Liveness.NEVER_STARTED)
+            if state == _SENT:
+                out[handle] = Status(Liveness.NEVER_STARTED) if sent_at < sent_before else sent
             elif state == _CANCELLED:
                 out[handle] = ended
             elif state == _ENDED:

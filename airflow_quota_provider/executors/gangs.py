@@ -144,6 +144,10 @@ def published_command(job: QuotaJob, session: Session) -> GangCommand | None:
     return None if row is None else GangCommand.from_dict(XComModel.deserialize_value(row))
 
 
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"node {ranks[0]}" if len(ranks) == 1 else f"nodes {', '.join(map(str, ranks))}"
+
+
 def _command_xcom(job: QuotaJob) -> tuple:
     """The XCom row of the command node 0 of ``job``'s task instance publishes."""
     return (
@@ -207,12 +211,14 @@ class Gangs:
                 how = "was killed" if status.rc is None else f"exited with code {status.rc}"
                 self._tell_node_failed(job, gang, rank, f"{where} {how}", session)
                 return True
-        started = len(members) == job.nodes - 1
-        if not started and job.started_at is not None and now - job.started_at > self.start_timeout_s():
-            missing = [str(r) for r in range(1, job.nodes) if r not in members]
+        unpublished = [r for r in range(1, job.nodes) if r not in members]
+        untaken = [rank for rank, handle in members.items() if not statuses[handle].taken]
+        if (unpublished or untaken) and job.started_at is not None and now - job.started_at > self.start_timeout_s():
+            why = [f"node 0 has not published its command for {_ranks(unpublished)}"] if unpublished else []
+            why += [f"the hosts of {_ranks(untaken)} have not taken their launch"] if untaken else []
             return self.end(
-                job, gang, f"nodes {', '.join(missing)} not started {self.start_timeout_s():g} s after the admission "
-                f"(node 0 has not published its command)", start_failed=True, session=session,
+                job, gang, f"nodes {', '.join(str(r) for r in sorted(unpublished + untaken))} not started "
+                f"{self.start_timeout_s():g} s after the admission ({'; '.join(why)})", start_failed=True, session=session,
             )
         return False
 

@@ -44,6 +44,9 @@ class Liveness(str, Enum):
 class Status:
     liveness: Liveness
     rc: int | None = None
+    taken: bool = True
+    """False while a launch is sent and its host has not taken it yet (``RUNNING`` then; it may still
+    be, until ``NEVER_STARTED``): a gang's member is not started before its host takes it."""
 
 
 @dataclass(frozen=True)

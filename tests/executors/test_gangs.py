@@ -294,6 +294,25 @@ def test_a_gang_whose_members_do_not_start_in_time_backs_off_doubling_then_fails
     assert job.message.startswith("the gang did not start 2 times ([quota] gang_start_limit 1); last: nodes 1 not started 120 s")
 
 
+def test_a_member_its_host_has_not_taken_by_the_gang_start_timeout_ends_the_gang(db, parts, clock, monkeypatch):
+    """The start timeout bounds a member sent to a host that does not take it, not only one whose
+    command node 0 has not published: here the gang's 120 s, not a launch's 600 s."""
+    monkeypatch.setenv("AIRFLOW__QUOTA__GANG_START_TIMEOUT_S", "120")
+    monkeypatch.setenv("AIRFLOW__QUOTA__LAUNCH_START_TIMEOUT_S", "600")
+    job = _gang(db)
+    parts.decide_and_act()
+    _running(db, job)
+    _publish(db, job)
+    assert parts.reconciler.watch_gangs(parts.cycle())  # the member is sent to its host
+    assert [task for task, _ in _sent(parts, GangState.of(job).nodes[1].host)] == [MEMBER_TASK_NAME]
+    clock.shift(120)
+    assert not parts.reconciler.watch_gangs(parts.cycle())
+    clock.shift(1)
+    assert parts.reconciler.watch_gangs(parts.cycle())
+    assert GangState.of(job).ending == (
+        "nodes 1 not started 120 s after the admission (the hosts of node 1 have not taken their launch)")
+
+
 def _airflow_workload(db, job: QuotaJob) -> str:
     from tests.executors.test_parts import _airflow_queues as queues
 
