@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
+from operator import itemgetter
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -324,8 +325,11 @@ def assign_types(
     preempt, in that order), and a job that takes no room found every type it tried at preempt unless
     preempting is accepted: then its choice holds for the cycle. Where preempting is accepted, a type
     going from borrow to preempt can become the choice, so it holds until a job takes room."""
-    ordered = (pending.entries_in_queue_order() if isinstance(pending, Backlog)
-               else sorted([(queue_order(job), job) for job in pending]))  # keys end on the id: jobs never compared
+    if isinstance(pending, Backlog):
+        ordered = pending.entries_in_queue_order()
+    else:
+        ordered = [(queue_order(job), job) for job in pending]
+        ordered.sort(key=_KEY)  # by the key alone: comparing the pairs would compare each key twice
     for entry in ordered:
         job = entry[1]
         if held and job.id in held:
@@ -342,6 +346,7 @@ def assign_types(
 
 
 _NEVER, _UNKNOWN_QUOTA, _MAYBE = 0, 1, 2
+_KEY = itemgetter(0)
 
 
 def _verdict(gpu_type: GpuType | None, job: Job, most: dict[tuple[str, str], int], sizes: list[int] | None,
