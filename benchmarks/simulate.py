@@ -2,7 +2,8 @@
 
     python benchmarks/simulate.py [--trace ../shared/traces/itp_elasticflow.csv]
                                   [--config examples/itp-quotas.yaml] [--policies quota,static,fifo]
-                                  [--hosts-per-queue N --gpus-per-host G] [--types NAME=SHARE,...]
+                                  [--hosts-per-queue N --gpus-per-host G [--gang-reservation-after S]]
+                                  [--types NAME=SHARE,...]
                                   [--skip-trace] [--skip-kueue]
                                   [--jobs N] [--runtime-noise SIGMA,...] [--spare-finishing-within S,...]
                                   [--builds pure,compiled]
@@ -10,7 +11,8 @@
 Prints, per policy: wall-clock and CPU seconds of the replay, decisions made, and whether it met the
 goal of issue 16 (at most 10 s per policy); with hosts, the trace is replayed on N hosts of G GPUs per
 job queue (issue 10): jobs larger than a host run as gangs (issue 32), whose mean wait and that of the
-others are set against the pooled replay (no hosts); jobs no hosts can hold are counted. With
+others are set against the pooled replay (no hosts), with the job queues' ``gang_reservation_after_s``
+of ``--gang-reservation-after`` if given; jobs no hosts can hold are counted. With
 ``--types`` the ``quota`` policy is replayed again with the job queue split into those GPU types (issue
 33, each job drawn one type) against the untyped replay. The ``quota`` policy is
 replayed again with expected runtimes (exact, and noisy for each ``--runtime-noise`` sigma) to show
@@ -34,6 +36,7 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from airflow_quota_provider.policy import load_quota_file
@@ -83,10 +86,13 @@ def _to_last_admission(jobs) -> dict[str, float]:
 def _replay(args: tuple) -> tuple:
     """One replay in a worker process: (wall s, CPU s, policy's figures, jobs, mean waits of the jobs
     larger than ``split`` GPUs and of the others; None without ``split``)."""
-    trace, config, policy, hosts_per_queue, gpus_per_host, noise, types, *split = args
+    trace, config, policy, hosts_per_queue, gpus_per_host, noise, types, reservation, *split = args
     jobs = load_trace(trace)
     jobs, _ = assign_priorities(jobs, parse_priority_classes(PRIORITIES), seed=PRIORITY_SEED)
     quota_file = load_quota_file(config)
+    if reservation is not None:
+        quota_file = replace(quota_file, queues=tuple(replace(q, gang_reservation_after_s=reservation or None)
+                                                      for q in quota_file.queues))
     if types is not None:
         quota_file, jobs = with_types(quota_file, jobs, types, gpus_per_host, PRIORITY_SEED)
     run = simulate(quota_file, jobs, [policy], hosts_per_queue=hosts_per_queue,
@@ -116,7 +122,7 @@ def trace_replay(trace: Path, config: Path, policies: list[str], hosts_per_queue
           f"{len(runs)} replays, {jobs_at_once} at once")
     print(f"{'policy':<18} {'wall s':>8} {'CPU s':>8} {'decisions':>10} {'goal <= 10 s':>13}  wait mean s  makespan s"
           f"  preemptions  lost GPU-h" + ("  rejected > host" if hosts else ""))
-    work = [(trace, config, policy, hosts_per_queue, gpus_per_host, noise, None) for policy, noise in runs]
+    work = [(trace, config, policy, hosts_per_queue, gpus_per_host, noise, None, None) for policy, noise in runs]
     with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
         for (policy, noise), (wall, cpu, figures, _, _) in zip(runs, pool.map(_replay, work)):
             overall = figures["overall"]
@@ -126,11 +132,14 @@ def trace_replay(trace: Path, config: Path, policies: list[str], hosts_per_queue
                   + (f"  {overall['rejected_larger_than_host']:>16,}" if hosts else ""), flush=True)
 
 
-def gangs_against_pooled(trace: Path, config: Path, hosts_per_queue: int, gpus_per_host: int, jobs_at_once: int = 1) -> None:
+def gangs_against_pooled(trace: Path, config: Path, hosts_per_queue: int, gpus_per_host: int, jobs_at_once: int = 1,
+                         reservation: float | None = None) -> None:
     """Issue 32's figures: the ``quota`` policy on the hosts (jobs larger than a host run as gangs)
     against the same replay without hosts (every job pooled), mean wait of the jobs larger than a host
-    and of the others (goals: at most 1.5 and 1.1 times the pooled ones)."""
-    work = [(trace, config, "quota", h, g, None, None, gpus_per_host) for h, g in ((hosts_per_queue, gpus_per_host), (None, None))]
+    and of the others (goals: at most 1.5 and 1.1 times the pooled ones). ``reservation``: the job
+    queues' ``gang_reservation_after_s`` instead of the quota file's (0: none)."""
+    work = [(trace, config, "quota", h, g, None, None, reservation, gpus_per_host)
+            for h, g in ((hosts_per_queue, gpus_per_host), (None, None))]
     with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
         (_, cpu, figures, _, placed), (_, pooled_cpu, _, _, pooled) = pool.map(_replay, work)
     overall = figures["overall"]
@@ -148,7 +157,7 @@ def types_against_untyped(trace: Path, config: Path, types: str, hosts_per_queue
     """Issue 33: the ``quota`` policy with the job queue split into GPU types (``--types``: each job
     drawn a type by the shares, so it may run on that type only) against the same replay untyped:
     replay time and mean wait, the price of binding jobs to types."""
-    work = [(trace, config, "quota", hosts_per_queue, gpus_per_host, None, t) for t in (types, None)]
+    work = [(trace, config, "quota", hosts_per_queue, gpus_per_host, None, t, None) for t in (types, None)]
     with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
         (_, cpu, typed, _, _), (_, untyped_cpu, untyped, _, _) = pool.map(_replay, work)
     wait, untyped_wait = typed["overall"]["wait_mean_s"], untyped["overall"]["wait_mean_s"]
@@ -233,6 +242,9 @@ def main() -> int:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--hosts-per-queue", type=int, default=None, metavar="N")
     parser.add_argument("--gpus-per-host", type=int, default=None, metavar="G")
+    parser.add_argument("--gang-reservation-after", type=float, default=None, metavar="S",
+                        help="with --hosts-per-queue: the job queues' gang_reservation_after_s for the gang figures "
+                             "instead of the quota file's (0: none)")
     parser.add_argument("--types", default=None, metavar="NAME=SHARE,...",
                         help="also replay quota with the queue split into these GPU types, against untyped")
     parser.add_argument("--skip-trace", action="store_true")
@@ -266,7 +278,8 @@ def main() -> int:
         try:
             trace_replay(args.trace, args.config, policies, args.hosts_per_queue, args.gpus_per_host, args.jobs, noises)
             if args.hosts_per_queue is not None and "quota" in policies:
-                gangs_against_pooled(args.trace, args.config, args.hosts_per_queue, args.gpus_per_host, args.jobs)
+                gangs_against_pooled(args.trace, args.config, args.hosts_per_queue, args.gpus_per_host, args.jobs,
+                                     args.gang_reservation_after)
             if args.types is not None and "quota" in policies:
                 types_against_untyped(args.trace, args.config, args.types, args.hosts_per_queue, args.gpus_per_host,
                                       args.jobs)

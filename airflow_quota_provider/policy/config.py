@@ -134,6 +134,9 @@ class Queue:
     """GPU types (:mod:`.types`), in the queue's order of preference; then ``capacity``, ``quotas``'
     and ``cohorts``' capacities and limits are sums over the types. Empty: one untyped kind."""
     fungibility: Fungibility = Fungibility()
+    gang_reservation_after_s: float | None = None
+    """A gang (a job of several hosts) that has waited this long for hosts, while fitting its quota,
+    gets the hosts nearest to room kept for it until they drain (one gang a cycle); None: never."""
     instance_types: dict[str, str] = field(default_factory=dict, hash=False)
     """GPU type -> the instance type AWS Batch counts it in (a quota share's capacity limits)."""
     gpu_hour_price: dict[str | None, float] = field(default_factory=dict, hash=False)
@@ -380,6 +383,7 @@ def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QU
         capacity, quotas, cohorts, types, fungibility = parse_queue_body(queue_fields, path, max_quotas=max_quotas_per_queue)
         instance_types = _parse_instance_types(queue_fields, types)
         gpu_hour_price = _parse_gpu_hour_price(queue_fields, types)
+        gang_reservation_after_s = parse_gang_reservation(queue_fields)
         queue_fields.done()
         if any(q.name == name for q in queues):
             raise PolicyError(queue_fields.child("name"), f"duplicate job queue name {name!r}")
@@ -395,7 +399,7 @@ def parse_quota_file(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QU
                 team_paths[team] = quota_path
         queues.append(Queue(name=name, capacity=capacity, quotas=quotas, capacity_unit=capacity_unit, cohorts=cohorts,
                             types=types, fungibility=fungibility, instance_types=instance_types,
-                            gpu_hour_price=gpu_hour_price))
+                            gpu_hour_price=gpu_hour_price, gang_reservation_after_s=gang_reservation_after_s))
     fields.done()
     return QuotaFile(queues=tuple(queues))
 
@@ -436,6 +440,15 @@ def parse_queue_body(
     check_quotas(quotas, total, at("quotas"), max_quotas=max_quotas)
     check_cohorts(cohorts, quotas, total, path)
     return total, quotas, cohorts, tuple(types), fungibility
+
+
+MAX_GANG_RESERVATION_AFTER_S = 30 * 86_400.0
+"""The most ``gang_reservation_after_s`` may be: a month (beyond, say null: never)."""
+
+
+def parse_gang_reservation(fields: Fields) -> float | None:
+    """A job queue's ``gang_reservation_after_s`` (a quota file's queue, or a decision file)."""
+    return fields.number("gang_reservation_after_s", None, maximum=MAX_GANG_RESERVATION_AFTER_S)
 
 
 def _parse_instance_types(fields: Fields, types: tuple[GpuType, ...]) -> dict[str, str]:
@@ -539,6 +552,8 @@ def queue_to_dict(queue: Queue) -> dict[str, Any]:
                               "when_can_preempt": str(queue.fungibility.when_can_preempt.value)}
         if queue.instance_types:
             out["instance_types"] = dict(queue.instance_types)
+    if queue.gang_reservation_after_s is not None:
+        out["gang_reservation_after_s"] = queue.gang_reservation_after_s
     if queue.gpu_hour_price:
         out["gpu_hour_price"] = dict(queue.gpu_hour_price) if queue.types else queue.gpu_hour_price[None]
     return out

@@ -156,6 +156,8 @@ class _Cycle:
         self._search_failed: dict[tuple[str, bool], tuple[int, int]] = {}
         self.handled: set[str] = set()
         """Waiting jobs rejected, held or placed in this cycle: the passes skip them."""
+        self.drained_for: tuple[str, tuple[str, ...]] | None = None
+        """The gang whose hosts are kept for it this cycle, and those hosts, if any (:meth:`_drain_for`)."""
 
     def run(self, explain: bool) -> Decision:
         self._reject()
@@ -261,6 +263,23 @@ class _Cycle:
             self.waiting_for[job.id] = (victims, host)
             self.reserving.setdefault(job.quota, job.id)
 
+    def _drain_for(self, gang: Job) -> bool:
+        """Keep the hosts nearest to room for ``gang``, which fits its quota but finds no hosts even
+        once stopping jobs are gone, nor victims, if it has waited the job queue's
+        ``gang_reservation_after_s`` and no other gang has hosts kept this cycle (Slurm's reservation
+        for the head of the queue): nothing else starts there, so they drain as their jobs end, and it
+        starts once they have, if its quota still lets it. Only the hosts are held, not its capacity:
+        until then the quota arithmetic is what it would be without it. Whether it kept them."""
+        after = self.state.gang_reservation_after_s
+        if after is None or self.drained_for is not None or self.now - gang.submitted_at < after:
+            return False
+        hosts = self.placement.nearest_to_room(gang)
+        if hosts is None:
+            return False
+        self.placement.hold_job(gang, hosts)
+        self.drained_for = (gang.id, hosts)
+        return True
+
     def _remember_no(self, memo: dict, job: Job, borrow: bool) -> None:
         if job.nodes > 1:
             return  # a gang fits hosts by its GPUs per node: its failure says nothing of larger jobs
@@ -330,6 +349,7 @@ class _Cycle:
         """Start, hold or preempt for ``job``; False when it has to wait."""
         quota = self.quotas[job.quota]
         single = job.nodes == 1
+        unplaced_gang = False  # fits its quota, not the hosts: hosts may be kept for it if nothing else helps
         if not (single and self._failed_at_most(self._fit_failed, job.quota, borrow, job.gpus)):
             if self.usage.fits(job.quota, job.gpus, borrow=borrow):
                 placement = self.placement
@@ -339,19 +359,19 @@ class _Cycle:
                 if self.placement is None or host is not None:
                     self._hold(job, [], host)  # starts now unless stopping victims still hold the GPUs
                     return True
+                unplaced_gang = not single
             self._remember_no(self._fit_failed, job, borrow)
-        if not may_preempt(job, quota, self.now):
-            return False
-        phases = search_phases(job, quota, self.usage)
-        if not borrow:
-            phases = [phase for phase in phases if not phase]
-        if single and self._failed_at_most(self._search_failed, job.quota, borrow, job.gpus):
-            return False
-        # None without phases; with hosts, leaving room on a host
-        victims = find_victims(job, quota, self.usage, self.candidates, phases, self.placement, may_borrow=borrow)
+        victims = None
+        if may_preempt(job, quota, self.now) and not (single and self._failed_at_most(self._search_failed, job.quota, borrow, job.gpus)):
+            phases = search_phases(job, quota, self.usage)
+            if not borrow:
+                phases = [phase for phase in phases if not phase]
+            # None without phases; with hosts, leaving room on a host
+            victims = find_victims(job, quota, self.usage, self.candidates, phases, self.placement, may_borrow=borrow)
+            if not victims:
+                self._remember_no(self._search_failed, job, borrow)
         if not victims:
-            self._remember_no(self._search_failed, job, borrow)
-            return False
+            return unplaced_gang and self._drain_for(job)
         awaited = []
         for victim, reason in victims:
             if self.candidates.finishing(victim):
@@ -508,10 +528,13 @@ class _Cycle:
         positions: dict[str, int] = defaultdict(int)
         prefix = f"{self.of_type}: " if self.of_type else ""
         for job in self.backlog.in_queue_order():
-            if job.id in admitted or (job.id in self.handled and job.id not in self.waiting_for):
+            drained = self.drained_for is not None and job.id == self.drained_for[0]
+            if job.id in admitted or (job.id in self.handled and job.id not in self.waiting_for and not drained):
                 continue  # started, or rejected
             positions[job.quota] += 1
-            if job.id in self.waiting_for:
+            if self.drained_for is not None and job.id == self.drained_for[0]:
+                reason = explainer.drained(job, self.drained_for[1], self.state.gang_reservation_after_s)
+            elif job.id in self.waiting_for:
                 awaited = [self.running.get(spared) for spared in self.awaiting.get(job.id, ())]
                 reason = explainer.held(job, *self.waiting_for[job.id], awaited=awaited)
             else:

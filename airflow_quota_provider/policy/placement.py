@@ -25,6 +25,7 @@ carry those labels; it is admitted, held or preempted for on all of them at once
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left, insort
 from collections import defaultdict
 from collections.abc import Iterable
@@ -167,6 +168,15 @@ class Placement:
         if len(own) + len(rest) < nodes:
             return None
         return tuple(sorted(own) + [name for *_, name in rest[:nodes - len(own)]])
+
+    def nearest_to_room(self, gang: Job) -> tuple[str, ...] | None:
+        """The ``nodes`` live hosts able to hold a node of ``gang`` that have most GPUs free once
+        settled (then by name), to keep for it as they drain; None when too few hosts are large enough."""
+        per = gang.gpus_per_node
+        nearest = heapq.nsmallest(gang.nodes, (
+            (-free, name) for name, free in self.free_settled.items() if self.gpus[name] >= per and name not in self.down
+        ))
+        return tuple(name for _, name in nearest) if len(nearest) == gang.nodes else None
 
     def _pick(self, per: int, nodes: int, room: dict[str, int]) -> tuple[str, ...] | None:
         """``nodes`` different hosts with ``per`` GPUs of ``room`` each, or None: the fullest first

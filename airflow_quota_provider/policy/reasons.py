@@ -30,6 +30,15 @@ class Explainer:
         self._borrowers: list[tuple[str, int, int | None]] | None = None
         self._lent: list[int] | None = None
 
+    def drained(self, gang: Job, hosts: tuple[str, ...], after: float) -> str:
+        """A gang that has waited over ``after`` seconds with no hosts for it: ``hosts`` are kept for it."""
+        busy = [name for name in hosts if self.placement.free_now[name] < gang.gpus_per_node]
+        return (
+            f"waited over {after:g} s (gang_reservation_after_s) with no {gang.nodes} hosts of "
+            f"{gang.gpus_per_node} free GPUs: {', '.join(hosts)} are kept for it, nothing else starts there, "
+            f"and it starts once their running jobs end ({', '.join(busy)} still busy)"
+        )
+
     def held(
         self, job: Job, victims: list[str], host: str | tuple[str, ...] | None = None, awaited: Sequence[Job] = ()
     ) -> str:

@@ -14,7 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_quota_provider.policy.config import MAX_GRACE_PERIOD_S, MAX_QUOTAS_PER_QUEUE, Cohort, Queue, Quota, parse_queue_body
+from airflow_quota_provider.policy.config import (
+    MAX_GRACE_PERIOD_S, MAX_QUOTAS_PER_QUEUE, Cohort, Queue, Quota, parse_gang_reservation, parse_queue_body,
+)
 from airflow_quota_provider.policy.errors import PolicyError
 from airflow_quota_provider.policy.backlog import Backlog
 from airflow_quota_provider.policy.fields import Fields
@@ -49,6 +51,8 @@ class State:
     """A job queue with GPU types: each type's capacities (:mod:`.types`); then ``capacity``,
     ``quotas`` and ``cohorts`` are only their sums, and each type decides apart."""
     fungibility: Fungibility = Fungibility()
+    gang_reservation_after_s: float | None = None
+    """The job queue's ``gang_reservation_after_s``: a gang waiting this long gets hosts kept for it."""
 
     @classmethod
     def for_queue(
@@ -69,6 +73,7 @@ class State:
             cohorts=queue.cohorts,
             types=queue.types,
             fungibility=queue.fungibility,
+            gang_reservation_after_s=queue.gang_reservation_after_s,
         )
 
 
@@ -229,6 +234,7 @@ def parse_state(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) 
     fields = Fields(data, "")
     now = fields.number("now", minimum=None)
     capacity, quotas, cohorts, types, fungibility = parse_queue_body(fields, "", max_quotas=max_quotas_per_queue)
+    gang_reservation_after_s = parse_gang_reservation(fields)
     names = tuple(q.name for q in quotas)
     type_names = tuple(t.name for t in types)
     hosts = _parse_hosts(fields, capacity, types)
@@ -255,6 +261,6 @@ def parse_state(data: Any, *, max_quotas_per_queue: int = MAX_QUOTAS_PER_QUEUE) 
             seen[job.id] = path
     state = State(
         capacity=capacity, quotas=quotas, running=running, pending=pending, hosts=hosts, cohorts=cohorts,
-        types=types, fungibility=fungibility,
+        types=types, fungibility=fungibility, gang_reservation_after_s=gang_reservation_after_s,
     )
     return state, now

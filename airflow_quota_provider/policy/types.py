@@ -405,7 +405,7 @@ def decide_types(
             capacity=gpu_type.capacity, quotas=gpu_type.quotas, running=Running.of(running[name]),
             pending=assigned[name],
             hosts=None if state.hosts is None else tuple(hosts[name]) + _hosts_of_others(running[name], hosts[name]),
-            cohorts=gpu_type.cohorts,
+            cohorts=gpu_type.cohorts, gang_reservation_after_s=state.gang_reservation_after_s,
         )
         decision = decide_one(sub, now, explain, name)
         out.admit += decision.admit

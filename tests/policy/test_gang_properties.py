@@ -3,7 +3,8 @@ partial admission, no host over its GPUs, gang victims whole, the quota arithmet
 GPUs, rejections exactly where the fleet cannot hold a gang, and determinism.
 
 The states are those of :func:`tests.policy.test_properties.host_states` with gangs added: running
-gangs with one node on each of 2-3 different hosts, waiting gangs of 2-4 nodes, hosts in racks.
+gangs with one node on each of 2-3 different hosts, waiting gangs of 2-4 nodes, hosts in racks, and
+hosts kept for a gang that has waited (``gang_reservation_after_s``) or not.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def gang_states(draw) -> State:
             id=f"pg{index}", quota=draw(st.sampled_from(sorted(by_name))), gpus=per * nodes, nodes=nodes,
             priority=draw(st.integers(0, 5)), submitted_at=float(draw(st.integers(0, 100))),
         ))
-    return replace(state, capacity=capacity, hosts=tuple(hosts), running=tuple(running), pending=tuple(pending))
+    return replace(state, capacity=capacity, hosts=tuple(hosts), running=tuple(running), pending=tuple(pending),
+                   gang_reservation_after_s=draw(st.sampled_from([None, 0.0, 50.0])))
 
 
 def _each_node(job: Job, where) -> list[tuple[str, int]]:

@@ -7,11 +7,14 @@ the admissions with their hosts (a gang's as a list, node 0's first) and the pre
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from airflow_quota_provider.policy import decide, parse_state
+from airflow_quota_provider.policy import State, decide, parse_state
 from airflow_quota_provider.policy.errors import PolicyError
 from tests.policy.builders import queue
+from tests.policy.builders import queue as queue_of
 from tests.policy.test_decide import check, reason_of
 
 
@@ -191,3 +194,65 @@ def test_a_bad_gang_in_a_decision_file_is_refused_naming_the_field(job, path, me
     with pytest.raises(PolicyError) as raised:
         parse_state(_file(running=[other, entry] if job.get("gpus") == 5 else [entry]))
     assert raised.value.path == path and message in raised.value.message, str(raised.value)
+
+
+# Hosts kept for a gang that has waited (gang_reservation_after_s): four hosts of 4 with 3, 3, 2 and 2
+# free; the gang (quota a, 2 nodes of 4) fits its quota but no hosts, and no rule gives it victims
+# (a never reclaims what b borrows, nor does c); a job of quota c asks for 3.
+def _fragmented(gang_submitted_at: float = 0.0, **queue):
+    state = (
+        queue_of(16).quota("a", 8, reclaim="never").quota("b", 4).quota("c", 4, reclaim="never")
+        .host("h1", 4).host("h2", 4).host("h3", 4).host("h4", 4)
+        .run("r1", "b", 1, host="h1").run("r2", "b", 1, host="h2").run("r3", "b", 2, host="h3").run("r4", "b", 2, host="h4")
+        .wait_gang("g", "a", 4, 2, 5, submitted_at=gang_submitted_at).wait("s", "c", 3, 1, submitted_at=50.0)
+        .build()
+    )
+    return replace(state, **queue)
+
+
+def test_without_gang_reservation_after_s_other_jobs_take_the_hosts_a_gang_waits_for():
+    decision = placed(_fragmented(), {"s": "h1"}, [])
+    assert "kept for it" not in reason_of(decision, "g")
+
+
+def test_a_gang_waiting_gang_reservation_after_s_gets_the_hosts_nearest_to_room_kept_and_nothing_else_starts_there():
+    decision = placed(_fragmented(gang_reservation_after_s=100.0), {}, [])  # waited 100 s at now=100
+    assert reason_of(decision, "g") == (
+        "waited over 100 s (gang_reservation_after_s) with no 2 hosts of 4 free GPUs: h1, h2 are kept for it, "
+        "nothing else starts there, and it starts once their running jobs end (h1, h2 still busy)")
+    assert "no host has 3 free GPUs" in reason_of(decision, "s")
+
+
+def test_a_gang_that_has_not_waited_gang_reservation_after_s_keeps_no_hosts():
+    placed(_fragmented(gang_submitted_at=1.0, gang_reservation_after_s=100.0), {"s": "h1"}, [])
+
+
+def test_hosts_are_kept_for_one_gang_a_cycle_the_first_in_queue_order():
+    state = _fragmented(gang_reservation_after_s=100.0)
+    second = replace(state.pending[0], id="g2", priority=4)
+    decision = placed(replace(state, pending=(*state.pending, second)), {}, [])
+    assert "are kept for it" in reason_of(decision, "g") and "are kept for it" not in reason_of(decision, "g2")
+
+
+def test_a_gang_that_can_preempt_for_hosts_preempts_rather_than_keep_hosts_draining():
+    state = _fragmented(gang_reservation_after_s=100.0)
+    # a may reclaim what b borrows: it preempts for hosts, and needs none kept.
+    a = replace(state.quotas[0], preemption=replace(state.quotas[0].preemption, reclaim="any"))
+    state = replace(state, quotas=(a, *state.quotas[1:]))
+    decision = decide(state, 100.0)
+    assert decision.preempt and "kept for it" not in reason_of(decision, "g")
+
+
+def test_gang_reservation_after_s_comes_from_the_quota_file_and_the_decision_file_and_is_bounded():
+    from airflow_quota_provider.policy.config import parse_quota_file, queue_to_dict
+
+    data = {"queues": [{"name": "q", "capacity": 8, "gang_reservation_after_s": 3600, "quotas": [{"name": "a", "capacity": 8}]}]}
+    (q,) = parse_quota_file(data).queues
+    assert q.gang_reservation_after_s == 3600.0 and queue_to_dict(q)["gang_reservation_after_s"] == 3600.0
+    assert State.for_queue(q, (), ()).gang_reservation_after_s == 3600.0  # what the executor and simulator decide on
+    state, now = parse_state({**_file(), "gang_reservation_after_s": 60})
+    assert state.gang_reservation_after_s == 60.0
+    for bad, message in ((-1, "-1 is below the minimum 0"), (1e9, "above the maximum 2.592e+06"), ("1h", "expected a finite number")):
+        with pytest.raises(PolicyError) as raised:
+            parse_state({**_file(), "gang_reservation_after_s": bad})
+        assert raised.value.path == "gang_reservation_after_s" and message in raised.value.message, str(raised.value)
