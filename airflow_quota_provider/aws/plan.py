@@ -255,7 +255,8 @@ def _quota_share_spec(
 
 
 def local_only_notes(queue: Queue) -> list[str]:
-    """Quota fields set in the file that AWS Batch quota shares do not carry (shown with the plan)."""
+    """Quota and job queue fields set in the file that AWS Batch quota shares do not carry (shown with
+    the plan)."""
     notes = []
     for quota in queue.quotas:
         for name in _LOCAL_ONLY:
@@ -268,6 +269,9 @@ def local_only_notes(queue: Queue) -> list[str]:
                 f"{quota.name}: max_preemptions={quota.max_preemptions} is set per job on AWS Batch "
                 "(SageMakerBatchTrainingOperator preemption_retries_before_termination)"
             )
+    if queue.gang_reservation_after_s is not None:  # AWS Batch places a job's instances itself
+        notes.append(f"{queue.name}: gang_reservation_after_s={queue.gang_reservation_after_s:g} applies to the local "
+                     "executor only")
     return notes
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from dataclasses import replace
 
 import boto3
 import pytest
@@ -250,6 +251,9 @@ def test_local_only_fields_are_noted_in_the_plan(hook):
     notes = hook.plan_quota_shares(JOB_QUEUE, queue).notes
     assert "team-a: grace_period_s=600 applies to the local executor only" in notes
     assert any(n.startswith("team-a: max_preemptions=3 is set per job on AWS Batch") for n in notes)
+    queue = replace(queue, gang_reservation_after_s=3600.0)  # AWS Batch places a job's instances itself
+    assert f"{JOB_QUEUE}: gang_reservation_after_s=3600 applies to the local executor only" in (
+        hook.plan_quota_shares(JOB_QUEUE, queue).notes)
 
 
 def test_a_queue_that_cannot_hold_quota_shares_is_refused(hook, aws_fake):  # noqa: F811
