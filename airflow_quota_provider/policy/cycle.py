@@ -532,7 +532,7 @@ class _Cycle:
             if job.id in admitted or (job.id in self.handled and job.id not in self.waiting_for and not drained):
                 continue  # started, or rejected
             positions[job.quota] += 1
-            if self.drained_for is not None and job.id == self.drained_for[0]:
+            if drained:
                 reason = explainer.drained(job, self.drained_for[1], self.state.gang_reservation_after_s)
             elif job.id in self.waiting_for:
                 awaited = [self.running.get(spared) for spared in self.awaiting.get(job.id, ())]
