@@ -98,6 +98,18 @@ def idle(usage: QuotaUsage) -> int:
     return max(0, usage.capacity - (usage.in_use - usage.borrowed) - usage.lent)
 
 
+def bar_figures(usage: QuotaUsage) -> dict[str, int]:
+    """A quota's bar (of all its GPUs, or of one type's): its capacity split into owned, lent and idle,
+    what it borrows above it, and what a new job could start now."""
+    return {"capacity": usage.capacity, "owned": usage.in_use - usage.borrowed, "borrowed": usage.borrowed,
+            "lent": usage.lent, "idle": idle(usage), "free": usage.free}
+
+
+def cohort_figures(usage: CohortUsage) -> dict[str, int]:
+    """A cohort's subtree's figures (of all its GPUs, or of one type's)."""
+    return {"capacity": usage.capacity, "in_use": usage.in_use, "borrowed": usage.borrowed, "lent": usage.lent}
+
+
 @dataclass(frozen=True)
 class CohortRow:
     """One cohort's rule and its subtree's figures right now."""

@@ -7,7 +7,7 @@ import getpass
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
@@ -26,9 +26,6 @@ from airflow_quota_provider.models.job import (
     show_priority_on_task_instance,
 )
 from airflow_quota_provider.simulation.forecast import describe_start
-
-if TYPE_CHECKING:
-    from airflow_quota_provider.policy import CohortUsage
 
 
 def _needs_tables(command):
@@ -151,15 +148,13 @@ def with_type_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _cohort_figures(usage: CohortUsage) -> dict[str, int]:
-    return {"capacity": usage.capacity, "in_use": usage.in_use, "borrowed": usage.borrowed, "lent": usage.lent}
-
-
 def as_tree(quota_file, quota_rows: list[dict[str, Any]], cohorts: list, *, indent: bool) -> list[dict[str, Any]]:
     """``status`` rows of a file with cohorts in tree order: in each job queue, the quotas of the root,
     then each cohort (a row of its own: ``sharing`` is ``cohort``; a typed queue's with its ``types``)
     followed by its subtree. A quota's ``cohort`` is the cohort it is in, a cohort's its parent; with
     ``indent`` names are indented by depth."""
+    from airflow_quota_provider.usage import cohort_figures
+
     by_quota = {(row["queue"], row["quota"]): row for row in quota_rows}
     by_cohort = {(row.queue.name, row.cohort.name): row for row in cohorts}
     result: list[dict[str, Any]] = []
@@ -173,9 +168,9 @@ def as_tree(quota_file, quota_rows: list[dict[str, Any]], cohorts: list, *, inde
             if cohort.parent == parent:
                 row = by_cohort[(queue.name, cohort.name)]
                 result.append({"queue": queue.name, "quota": pad + cohort.name, "cohort": parent, "sharing": "cohort",
-                               **_cohort_figures(row.usage)})
+                               **cohort_figures(row.usage)})
                 if row.types:
-                    result[-1]["types"] = [{"gpu_type": t.gpu_type, **_cohort_figures(t.usage)} for t in row.types]
+                    result[-1]["types"] = [{"gpu_type": t.gpu_type, **cohort_figures(t.usage)} for t in row.types]
                 level(queue, cohort.name, depth + 1)
 
     for queue in quota_file.queues:

@@ -70,6 +70,8 @@ from airflow_quota_provider.policy.types import running_by_type
 from airflow_quota_provider.simulation.forecast import describe_start
 from airflow_quota_provider.usage import (
     QuotaRow,
+    bar_figures,
+    cohort_figures,
     cohort_rows,
     held_devices,
     idle,
@@ -611,12 +613,7 @@ def dashboard(quota_file: QuotaFile, quota_path: str, *, editable: Sequence[str]
             bars.append(
                 QuotaBarView(
                     name=q.name,
-                    capacity=u.capacity,
-                    owned=u.in_use - u.borrowed,
-                    borrowed=u.borrowed,
-                    lent=u.lent,
-                    idle=idle(u),
-                    free=u.free,
+                    **bar_figures(u),
                     sharing=q.sharing,
                     borrow_limit=q.borrow_limit,
                     lend_limit=q.lend_limit,
@@ -625,19 +622,12 @@ def dashboard(quota_file: QuotaFile, quota_path: str, *, editable: Sequence[str]
                     pending_gpus=u.pending_gpus,
                     pending=waiting.get(q.name, []),
                     cohort=q.cohort,
-                    types=[
-                        TypeFiguresView(name=t.gpu_type, capacity=t.usage.capacity,
-                                        owned=t.usage.in_use - t.usage.borrowed, borrowed=t.usage.borrowed,
-                                        lent=t.usage.lent, idle=idle(t.usage), free=t.usage.free)
-                        for t in row.types
-                    ],
+                    types=[TypeFiguresView(name=t.gpu_type, **bar_figures(t.usage)) for t in row.types],
                 )
             )
         cohorts = [
-            CohortView(name=c.cohort.name, parent=c.cohort.parent, capacity=c.usage.capacity, in_use=c.usage.in_use,
-                       borrowed=c.usage.borrowed, lent=c.usage.lent,
-                       types=[CohortTypeView(name=t.gpu_type, capacity=t.usage.capacity, in_use=t.usage.in_use,
-                                             borrowed=t.usage.borrowed, lent=t.usage.lent) for t in c.types])
+            CohortView(name=c.cohort.name, parent=c.cohort.parent, **cohort_figures(c.usage),
+                       types=[CohortTypeView(name=t.gpu_type, **cohort_figures(t.usage)) for t in c.types])
             for c in cohort_views if c.queue.name == queue.name
         ]
         views.append(
