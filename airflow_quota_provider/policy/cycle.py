@@ -156,8 +156,9 @@ class _Cycle:
         self._search_failed: dict[tuple[str, bool], tuple[int, int]] = {}
         self.handled: set[str] = set()
         """Waiting jobs rejected, held or placed in this cycle: the passes skip them."""
-        self.drained_for: tuple[str, tuple[str, ...]] | None = None
-        """The gang whose hosts are kept for it this cycle, and those hosts, if any (:meth:`_drain_for`)."""
+        self.drained_for: tuple[Job, tuple[str, ...], float] | None = None
+        """The gang whose hosts are kept for it this cycle, those hosts, and when the last is expected
+        to have room for it (``inf``: unknown), if any (:meth:`_drain_for`)."""
 
     def run(self, explain: bool) -> Decision:
         self._reject()
@@ -264,21 +265,48 @@ class _Cycle:
             self.reserving.setdefault(job.quota, job.id)
 
     def _drain_for(self, gang: Job) -> bool:
-        """Keep the hosts nearest to room for ``gang``, which fits its quota but finds no hosts even
-        once stopping jobs are gone, nor victims, if it has waited the job queue's
-        ``gang_reservation_after_s`` and no other gang has hosts kept this cycle (Slurm's reservation
-        for the head of the queue): nothing else starts there, so they drain as their jobs end, and it
-        starts once they have, if its quota still lets it. Only the hosts are held, not its capacity:
-        until then the quota arithmetic is what it would be without it. Whether it kept them."""
+        """Keep hosts for ``gang``, which fits its quota but finds no hosts even once stopping jobs
+        are gone, nor victims, if it has waited the job queue's ``gang_reservation_after_s`` and no
+        other gang has hosts kept this cycle (Slurm's reservation for the head of the queue): the
+        hosts expected to have room first by their jobs' expected runtimes, else those nearest to
+        room. Nothing starts there but jobs expected to end before the last of them has room that
+        leave the gang's capacity free (Slurm's backfill, :meth:`_backfill`), so they drain as their
+        jobs end, and it starts once they have, if its quota still lets it. Only the hosts are held,
+        not its capacity: until then the quota arithmetic is what it would be without it. Whether it
+        kept them."""
         after = self.state.gang_reservation_after_s
         if after is None or self.drained_for is not None or self.now - gang.submitted_at < after:
             return False
-        hosts = self.placement.nearest_to_room(gang)
-        if hosts is None:
+        ends: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        taken = self.candidates.taken  # victims of this cycle: their GPUs are free once settled already
+        for job in self.state.running:
+            if job.preempted_for is None and job.id not in taken:
+                end = _INF if job.expected_runtime_s is None else job.started_at + job.expected_runtime_s
+                for host in job.placed_on:
+                    ends[host].append((end, job.gpus_per_node))
+        kept = self.placement.nearest_to_room(gang, ends, self.now)
+        if kept is None:
             return False
+        hosts, until = kept
         self.placement.hold_job(gang, hosts)
-        self.drained_for = (gang.id, hosts)
+        self.drained_for = (gang, hosts, until)
         return True
+
+    def _backfill(self, job: Job) -> str | None:
+        """A host kept for a gang (:meth:`_drain_for`) where ``job``, on one host, starts now, is
+        expected to end before the gang can start there and leaves the GPUs of the gang's quota
+        arithmetic free, so it delays the gang by nothing if the runtimes hold (Slurm's backfill);
+        None where there is none, or its runtime is unknown."""
+        gang, hosts, until = self.drained_for
+        if job.expected_runtime_s is None or self.now + job.expected_runtime_s > until:
+            return None
+        usage = self.usage
+        if usage.physically_free() < job.gpus:  # it would wait there for stopping jobs
+            return None
+        usage.add(job.quota, job.gpus)
+        leaves_room = usage.fits(gang.quota, gang.gpus, borrow=True)  # nor may it take the gang's capacity
+        usage.remove(job.quota, job.gpus)
+        return self.placement.backfill_host(job.gpus, hosts, gang.gpus_per_node) if leaves_room else None
 
     def _remember_no(self, memo: dict, job: Job, borrow: bool) -> None:
         if job.nodes > 1:
@@ -350,6 +378,7 @@ class _Cycle:
         quota = self.quotas[job.quota]
         single = job.nodes == 1
         unplaced_gang = False  # fits its quota, not the hosts: hosts may be kept for it if nothing else helps
+        backfilling = False
         if not (single and self._failed_at_most(self._fit_failed, job.quota, borrow, job.gpus)):
             if self.usage.fits(job.quota, job.gpus, borrow=borrow):
                 placement = self.placement
@@ -359,8 +388,16 @@ class _Cycle:
                 if self.placement is None or host is not None:
                     self._hold(job, [], host)  # starts now unless stopping victims still hold the GPUs
                     return True
+                backfilling = single and self.drained_for is not None and self.drained_for[2] != _INF
+                if backfilling and (host := self._backfill(job)) is not None:
+                    held = self.drained_for[0].gpus_per_node
+                    self.placement.hold(host, -held)  # the gang's hold let go for the job's start, then back
+                    self._hold(job, [], host)
+                    self.placement.hold(host, held)
+                    return True
                 unplaced_gang = not single
-            self._remember_no(self._fit_failed, job, borrow)
+            if not backfilling:  # a shorter job of its size may still fit before the gang's start
+                self._remember_no(self._fit_failed, job, borrow)
         victims = None
         if may_preempt(job, quota, self.now) and not (single and self._failed_at_most(self._search_failed, job.quota, borrow, job.gpus)):
             phases = search_phases(job, quota, self.usage)
@@ -528,12 +565,12 @@ class _Cycle:
         positions: dict[str, int] = defaultdict(int)
         prefix = f"{self.of_type}: " if self.of_type else ""
         for job in self.backlog.in_queue_order():
-            drained = self.drained_for is not None and job.id == self.drained_for[0]
+            drained = self.drained_for is not None and job.id == self.drained_for[0].id
             if job.id in admitted or (job.id in self.handled and job.id not in self.waiting_for and not drained):
                 continue  # started, or rejected
             positions[job.quota] += 1
             if drained:
-                reason = explainer.drained(job, self.drained_for[1], self.state.gang_reservation_after_s)
+                reason = explainer.drained(job, *self.drained_for[1:], self.state.gang_reservation_after_s)
             elif job.id in self.waiting_for:
                 awaited = [self.running.get(spared) for spared in self.awaiting.get(job.id, ())]
                 reason = explainer.held(job, *self.waiting_for[job.id], awaited=awaited)
@@ -556,6 +593,7 @@ class _Cycle:
 # Read once: on Python 3.11 each ``Enum.MEMBER`` read goes through the enum metaclass's ``__getattr__``
 # hook (~50 ns), and a replay asks this of each quota in most cycles.
 _WITHIN_NEVER, _RECLAIM_NEVER = WithinQuota.NEVER, Reclaim.NEVER
+_INF = float("inf")
 
 
 def _never_failed(memo: dict, name: str, borrow: bool, gpus: int) -> bool:

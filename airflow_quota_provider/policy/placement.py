@@ -169,14 +169,42 @@ class Placement:
             return None
         return tuple(sorted(own) + [name for *_, name in rest[:nodes - len(own)]])
 
-    def nearest_to_room(self, gang: Job) -> tuple[str, ...] | None:
-        """The ``nodes`` live hosts able to hold a node of ``gang`` that have most GPUs free once
-        settled (then by name), to keep for it as they drain; None when too few hosts are large enough."""
+    def nearest_to_room(
+        self, gang: Job, ends: dict[str, list[tuple[float, int]]], now: float
+    ) -> tuple[tuple[str, ...], float] | None:
+        """The ``nodes`` live hosts able to hold a node of ``gang`` to keep for it as they drain, and
+        when the last of them is expected to have room for it; None when too few hosts are large
+        enough. ``ends``: per host, the expected end and GPUs of each running job there that is not
+        stopping (``inf`` where its runtime is unknown). The hosts expected to have room first, then
+        those with most GPUs free once settled, then by name: without runtimes, the most free."""
         per = gang.gpus_per_node
-        nearest = heapq.nsmallest(gang.nodes, (
-            (-free, name) for name, free in self.free_settled.items() if self.gpus[name] >= per and name not in self.down
-        ))
-        return tuple(name for _, name in nearest) if len(nearest) == gang.nodes else None
+        inf = float("inf")
+        ranked = []
+        for name, free in self.free_settled.items():
+            if self.gpus[name] < per or name in self.down:
+                continue
+            at = now if free >= per else inf
+            if at == inf:
+                for end, gpus in sorted(ends.get(name, ())):
+                    free += gpus
+                    if free >= per:
+                        at = max(now, end)  # past its expected end: it may end any moment
+                        break
+            ranked.append((at, -self.free_settled[name], name))
+        nearest = heapq.nsmallest(gang.nodes, ranked)
+        if len(nearest) < gang.nodes:
+            return None
+        return tuple(name for _, _, name in nearest), max(at for at, _, _ in nearest)
+
+    def backfill_host(self, gpus: int, kept: tuple[str, ...], held: int) -> str | None:
+        """Of the hosts ``kept`` for a gang (``held`` GPUs of each held for it), the one a job of
+        ``gpus`` that ends before the gang can start there fills best without the hold, or None."""
+        fits = []
+        for name in kept:
+            room = min(self.free_now[name], self.free_settled[name] + held)
+            if room >= gpus:
+                fits.append((room - gpus, name))
+        return min(fits)[1] if fits else None
 
     def _pick(self, per: int, nodes: int, room: dict[str, int]) -> tuple[str, ...] | None:
         """``nodes`` different hosts with ``per`` GPUs of ``room`` each, or None: the fullest first

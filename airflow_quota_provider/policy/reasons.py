@@ -30,13 +30,20 @@ class Explainer:
         self._borrowers: list[tuple[str, int, int | None]] | None = None
         self._lent: list[int] | None = None
 
-    def drained(self, gang: Job, hosts: tuple[str, ...], after: float) -> str:
-        """A gang that has waited over ``after`` seconds with no hosts for it: ``hosts`` are kept for it."""
+    def drained(self, gang: Job, hosts: tuple[str, ...], until: float, after: float) -> str:
+        """A gang that has waited over ``after`` seconds with no hosts for it: ``hosts`` are kept for
+        it, the last expected to have room at ``until`` (``inf``: unknown)."""
         busy = [name for name in hosts if self.placement.free_now[name] < gang.gpus_per_node]
+        if until == float("inf"):
+            others = "nothing else starts there"
+            when = ""
+        else:
+            others = "only jobs expected to end before then start there"
+            when = f", expected in {max(0.0, until - self.now):.0f} s by their expected runtimes"
         return (
             f"waited over {after:g} s (gang_reservation_after_s) with no {gang.nodes} hosts of "
-            f"{gang.gpus_per_node} free GPUs: {', '.join(hosts)} are kept for it, nothing else starts there, "
-            f"and it starts once their running jobs end ({', '.join(busy)} still busy)"
+            f"{gang.gpus_per_node} free GPUs: {', '.join(hosts)} are kept for it, and it starts once their "
+            f"running jobs end ({', '.join(busy)} still busy{when}); {others}"
         )
 
     def held(

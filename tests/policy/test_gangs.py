@@ -219,8 +219,62 @@ def test_a_gang_waiting_gang_reservation_after_s_gets_the_hosts_nearest_to_room_
     decision = placed(_fragmented(gang_reservation_after_s=100.0), {}, [])  # waited 100 s at now=100
     assert reason_of(decision, "g") == (
         "waited over 100 s (gang_reservation_after_s) with no 2 hosts of 4 free GPUs: h1, h2 are kept for it, "
-        "nothing else starts there, and it starts once their running jobs end (h1, h2 still busy)")
+        "and it starts once their running jobs end (h1, h2 still busy); nothing else starts there")
     assert "no host has 3 free GPUs" in reason_of(decision, "s")
+
+
+def _with_runtimes(state, **runtimes):
+    """``state`` with these expected runtimes (job id -> seconds) on its jobs, running or waiting."""
+    known = lambda job: replace(job, expected_runtime_s=runtimes.get(job.id, job.expected_runtime_s))  # noqa: E731
+    return replace(state, running=tuple(map(known, state.running)), pending=tuple(map(known, state.pending)))
+
+
+def test_with_expected_runtimes_the_hosts_expected_to_have_room_first_are_kept_not_the_most_free():
+    # h3 and h4 (2 free) have room for a node once r3 and r4 end at 300 and 400; h1 and h2 (3 free) at 1000 and 2000.
+    state = _with_runtimes(_fragmented(gang_reservation_after_s=100.0), r1=1000, r2=2000, r3=300, r4=400)
+    decision = placed(state, {"s": "h1"}, [])  # the hosts not kept are free for anyone
+    assert reason_of(decision, "g") == (
+        "waited over 100 s (gang_reservation_after_s) with no 2 hosts of 4 free GPUs: h3, h4 are kept for it, "
+        "and it starts once their running jobs end (h3, h4 still busy, expected in 300 s by their expected runtimes); "
+        "only jobs expected to end before then start there")
+
+
+# Backfill: four hosts of 4 with 2, 2, 1 and 1 free, kept for the gang (quota a, 2 nodes of 4) h1 and
+# h2, expected to have room at 300 and 400; the queue's capacity (20) leaves 2 GPUs beyond the gang's
+# 8, which s (quota c, 2 GPUs) may take; only h1 and h2 have room for it.
+def _backfill(**runtimes):
+    state = (
+        queue_of(20).quota("a", 8, reclaim="never").quota("b", 8).quota("c", 4, reclaim="never")
+        .host("h1", 4).host("h2", 4).host("h3", 4).host("h4", 4)
+        .run("r1", "b", 2, host="h1").run("r2", "b", 2, host="h2").run("r3", "b", 3, host="h3").run("r4", "b", 3, host="h4")
+        .wait_gang("g", "a", 4, 2, 5).wait("s", "c", 2, 1, submitted_at=50.0).wait("t", "c", 2, 1, submitted_at=60.0)
+        .build()
+    )
+    return _with_runtimes(replace(state, gang_reservation_after_s=100.0), **{"r1": 300, "r2": 400, "r3": 1000, "r4": 2000, **runtimes})
+
+
+def test_a_job_expected_to_end_before_the_kept_hosts_have_room_starts_there_and_delays_the_gang_by_nothing():
+    decision = placed(_backfill(s=250), {"s": "h1"}, [])
+    assert "h1, h2 are kept for it" in reason_of(decision, "g") and "expected in 300 s" in reason_of(decision, "g")
+    # The next cycle, with s on h1 until 350: the same hosts are kept, expected to have room at the same time.
+    state = _backfill()
+    s = next(job for job in state.pending if job.id == "s")
+    state = replace(state, pending=tuple(job for job in state.pending if job.id != "s"),
+                    running=(*state.running, replace(s, started_at=100.0, host="h1", expected_runtime_s=250.0)))
+    decision = check(state, 110.0, [], [])
+    assert "h1, h2 are kept for it" in reason_of(decision, "g") and "expected in 290 s" in reason_of(decision, "g")
+
+
+@pytest.mark.parametrize("runtime", [350.0, None], ids=["ends after the kept hosts have room", "runtime unknown"])
+def test_a_job_not_known_to_end_before_the_kept_hosts_have_room_does_not_start_there(runtime):
+    decision = placed(_backfill(s=runtime), {}, [])
+    assert "no host has 2 free GPUs" in reason_of(decision, "s")
+
+
+def test_a_job_whose_start_would_leave_the_gang_short_of_its_quota_does_not_start_on_the_kept_hosts():
+    # s and t both end in time, but after s the queue has just the gang's 8 GPUs left.
+    decision = placed(_backfill(s=250, t=250), {"s": "h1"}, [])
+    assert "no host has 2 free GPUs" in reason_of(decision, "t")
 
 
 def test_a_gang_that_has_not_waited_gang_reservation_after_s_keeps_no_hosts():
