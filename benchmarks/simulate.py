@@ -12,7 +12,8 @@ Prints, per policy: wall-clock and CPU seconds of the replay, decisions made, an
 goal of issue 16 (at most 10 s per policy); with hosts, the trace is replayed on N hosts of G GPUs per
 job queue (issue 10): jobs larger than a host run as gangs (issue 32), whose mean wait and that of the
 others are set against the pooled replay (no hosts), with the job queues' ``gang_reservation_after_s``
-of ``--gang-reservation-after`` if given; jobs no hosts can hold are counted. With
+of ``--gang-reservation-after`` if given, and again for each ``--runtime-noise`` with both replays
+knowing runtimes (hosts kept for a gang are then backfilled); jobs no hosts can hold are counted. With
 ``--types`` the ``quota`` policy is replayed again with the job queue split into those GPU types (issue
 33, each job drawn one type) against the untyped replay. The ``quota`` policy is
 replayed again with expected runtimes (exact, and noisy for each ``--runtime-noise`` sigma) to show
@@ -133,23 +134,26 @@ def trace_replay(trace: Path, config: Path, policies: list[str], hosts_per_queue
 
 
 def gangs_against_pooled(trace: Path, config: Path, hosts_per_queue: int, gpus_per_host: int, jobs_at_once: int = 1,
-                         reservation: float | None = None) -> None:
+                         reservation: float | None = None, noises: list[float] = ()) -> None:
     """Issue 32's figures: the ``quota`` policy on the hosts (jobs larger than a host run as gangs)
     against the same replay without hosts (every job pooled), mean wait of the jobs larger than a host
     and of the others (goals: at most 1.5 and 1.1 times the pooled ones). ``reservation``: the job
-    queues' ``gang_reservation_after_s`` instead of the quota file's (0: none)."""
-    work = [(trace, config, "quota", h, g, None, None, reservation, gpus_per_host)
-            for h, g in ((hosts_per_queue, gpus_per_host), (None, None))]
-    with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
-        (_, cpu, figures, _, placed), (_, pooled_cpu, _, _, pooled) = pool.map(_replay, work)
-    overall = figures["overall"]
-    print(f"gangs: quota policy, {hosts_per_queue} hosts of {gpus_per_host} GPUs per job queue against no hosts; "
-          f"{placed[2]:,} jobs larger than a host ran as {overall['gang_jobs']:,} gangs, "
-          f"{overall['rejected']:,} rejected; replay {cpu:.1f} s CPU (no hosts {pooled_cpu:.1f} s)")
-    for label, index, goal in ((f"> {gpus_per_host} GPUs (gangs)", 0, 1.5), (f"<= {gpus_per_host} GPUs", 1, 1.1)):
-        ratio = placed[index] / pooled[index] if pooled[index] else float("nan")
-        print(f"  {label:<18} mean wait {placed[index]:>9,.0f} s  no hosts {pooled[index]:>9,.0f} s  "
-              f"ratio {ratio:.2f} (goal <= {goal}: {'met' if ratio <= goal else 'MISSED'})", flush=True)
+    queues' ``gang_reservation_after_s`` instead of the quota file's (0: none). Without runtimes, then
+    with them for each of ``noises`` (both replays alike): hosts kept for a gang are backfilled only
+    with jobs expected to end before it has room there."""
+    for noise in (None, *noises):
+        work = [(trace, config, "quota", h, g, noise, None, reservation, gpus_per_host)
+                for h, g in ((hosts_per_queue, gpus_per_host), (None, None))]
+        with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
+            (_, cpu, figures, _, placed), (_, pooled_cpu, _, _, pooled) = pool.map(_replay, work)
+        overall = figures["overall"]
+        print(f"gangs ({_label('quota', noise)}): {hosts_per_queue} hosts of {gpus_per_host} GPUs per job queue against "
+              f"no hosts; {placed[2]:,} jobs larger than a host ran as {overall['gang_jobs']:,} gangs, "
+              f"{overall['rejected']:,} rejected; replay {cpu:.1f} s CPU (no hosts {pooled_cpu:.1f} s)")
+        for label, index, goal in ((f"> {gpus_per_host} GPUs (gangs)", 0, 1.5), (f"<= {gpus_per_host} GPUs", 1, 1.1)):
+            ratio = placed[index] / pooled[index] if pooled[index] else float("nan")
+            print(f"  {label:<18} mean wait {placed[index]:>9,.0f} s  no hosts {pooled[index]:>9,.0f} s  "
+                  f"ratio {ratio:.2f} (goal <= {goal}: {'met' if ratio <= goal else 'MISSED'})", flush=True)
 
 
 def types_against_untyped(trace: Path, config: Path, types: str, hosts_per_queue: int | None,
@@ -279,7 +283,7 @@ def main() -> int:
             trace_replay(args.trace, args.config, policies, args.hosts_per_queue, args.gpus_per_host, args.jobs, noises)
             if args.hosts_per_queue is not None and "quota" in policies:
                 gangs_against_pooled(args.trace, args.config, args.hosts_per_queue, args.gpus_per_host, args.jobs,
-                                     args.gang_reservation_after)
+                                     args.gang_reservation_after, noises)
             if args.types is not None and "quota" in policies:
                 types_against_untyped(args.trace, args.config, args.types, args.hosts_per_queue, args.gpus_per_host,
                                       args.jobs)
