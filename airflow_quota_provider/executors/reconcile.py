@@ -247,9 +247,9 @@ class Reconciler:
         """None of the nodes of a gang that the executor ended runs: it goes back to its place without
         using a retry, or its task failed past its start limit."""
         why, failed = self.gangs.after_end(job, gang, cycle.now, cycle.session)
-        if failed:
+        if failed:  # its task instance is failed already, with why
             self.launcher.forget(job.handle, session=cycle.session)
-            transitions.finish(job, why, now=cycle.now, session=cycle.session)
+            transitions.fail_gang_start(job, why, now=cycle.now, session=cycle.session)
         else:
             self._evict(job, state, cycle, why=why)  # forgets the launch
 

@@ -56,7 +56,8 @@ class JobState(str, Enum):
     FINISHED = "finished"
     """Its process ended and the executor reported it to Airflow."""
     FAILED = "failed"
-    """Rejected by the policy (unknown quota, too many GPUs) or past its preemption limit."""
+    """Rejected by the policy (unknown quota, too many GPUs), past its preemption limit, or a gang past
+    its start limit; its task instance was failed with ``message``."""
 
     @classmethod
     def active(cls) -> tuple[JobState, ...]:

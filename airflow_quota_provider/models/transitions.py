@@ -258,10 +258,21 @@ def finish(job: QuotaJob, message: str, *, killed: bool = False, now: float, ses
 def fail_at_limit(job: QuotaJob, *, now: float, session: Session) -> None:
     """stopping -> failed: the preemption that stopped it was past its ``max_preemptions``."""
     _require(job, "fail", JobState.STOPPING)
+    _failed(job, job.preempt_fail_message, now=now, session=session)
+
+
+def fail_gang_start(job: QuotaJob, message: str, *, now: float, session: Session) -> None:
+    """running or stopping -> failed: a gang the executor ended without all its nodes started, past
+    ``[quota] gang_start_limit``."""
+    _require(job, "fail", *_HOLDING)
+    _failed(job, message, now=now, session=session)
+
+
+def _failed(job: QuotaJob, message: str, *, now: float, session: Session) -> None:
     release_devices(job, session=session)
     _forget_placement(job)
-    job.state, job.finished_at, job.message, job.handle = JobState.FAILED.value, now, job.preempt_fail_message, None
-    job.report = Report.RELEASED.value  # the task instance was failed with the message
+    job.state, job.finished_at, job.message, job.handle = JobState.FAILED.value, now, message, None
+    job.report = Report.RELEASED.value  # the task instance was failed with the message: nothing to tell Airflow
 
 
 def revoke(job: QuotaJob, *, session: Session) -> None:

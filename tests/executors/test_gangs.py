@@ -26,7 +26,7 @@ from airflow_quota_provider.executors.schedule import Scheduler
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.gang import GangState
 from airflow_quota_provider.models.host import QuotaHost, QuotaLaunch, end_launch, start_launch
-from airflow_quota_provider.models.job import JobState, QuotaDeviceAllocation, QuotaEvent, QuotaJob, preemption_count
+from airflow_quota_provider.models.job import JobState, QuotaDeviceAllocation, QuotaEvent, QuotaJob, Report, preemption_count
 from airflow_quota_provider.protocol import GANG_NODE_FAILED, GANG_XCOM_KEY, GangCommand, GangEnvironment
 from tests.executors.test_parts import CHECKPOINTS, LOG, NOW, Parts, _airflow_queues, _reconciler, _ti_state, clock  # noqa: F401  (a fixture)
 
@@ -290,7 +290,8 @@ def test_a_gang_whose_members_do_not_start_in_time_backs_off_doubling_then_fails
         assert job.state == JobState.PENDING.value, "backing off"
         clock.shift(10)
     assert backoffs == [pytest.approx(10)]
-    assert job.state == JobState.FINISHED.value and _ti_state(db, job) == TaskInstanceState.FAILED
+    assert job.state == JobState.FAILED.value and _ti_state(db, job) == TaskInstanceState.FAILED
+    assert job.report == Report.RELEASED.value, "its task instance is failed already: no success reported to Airflow"
     assert job.message.startswith("the gang did not start 2 times ([quota] gang_start_limit 1); last: nodes 1 not started 120 s")
 
 

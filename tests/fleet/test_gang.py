@@ -174,7 +174,7 @@ def test_a_gang_whose_member_cannot_start_is_requeued_with_backoff_without_a_ret
     assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("failed", 1, 1)
     assert not fleet.sql("SELECT 1 FROM task_instance_history WHERE dag_id='gang_start_fails'")
     why = f"the gang did not start 3 times ([quota] gang_start_limit 2); last: {never_taken}"
-    assert (job["state"], job["message"]) == ("finished", why)
+    assert (job["state"], job["message"]) == ("failed", why)
     (failed,) = fleet.sql("SELECT extra FROM log WHERE dag_id='gang_start_fails' AND event='quota failed'")
     assert failed["extra"] == f"QuotaExecutor: {why}"
     assert not fleet.sql("SELECT 1 FROM quota_device_allocation WHERE job_id=?", job["id"])
