@@ -30,7 +30,7 @@ from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.coordination import HOSTS, try_lock
 from airflow_quota_provider.models.gang import GangState
 from airflow_quota_provider.models.host import mark_lost_hosts
-from airflow_quota_provider.models.job import JobState, QuotaJob, Report
+from airflow_quota_provider.models.job import JobState, QuotaJob, Report, queued_again
 
 if TYPE_CHECKING:
     import logging
@@ -269,6 +269,8 @@ class Reconciler:
             ti = (job.dag_id, job.run_id, job.task_id, job.map_index)
             saved = self.checkpoints.last_at(job.id, ti, job.started_at, fresh=True)
             transitions.settle_stopped(job, requeued=requeued, checkpoint_at=saved, session=session)
+        elif job.state == JobState.RUNNING.value and state == TaskInstanceState.QUEUED and queued_again(job, session=session):
+            transitions.finish_queued_again(job, ended or "process killed", now=cycle.now, session=session)
         else:
             transitions.finish(job, ended or "process killed", killed=ended is None, now=cycle.now, session=session)
 

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     delete,
+    func,
     select,
     update,
 )
@@ -427,6 +428,21 @@ def allocated_devices(*, session: Session) -> dict[tuple[str, str], int]:
 def preemption_count(dag_id: str, run_id: str, task_id: str, map_index: int = -1, *, session: Session) -> int:
     row = session.get(QuotaPreemptionCount, (dag_id, run_id, task_id, map_index))
     return row.count if row else 0
+
+
+def queued_again(job: QuotaJob, *, session: Session) -> bool:
+    """Whether Airflow queued ``job``'s task again since its last admission (its audit log has a
+    ``submitted`` event after its last ``admitted`` one): a running job's try was then over before its
+    process's end was settled (:func:`~airflow_quota_provider.models.transitions.finish_queued_again`)."""
+    last = {
+        kind: at_id for kind, at_id in session.execute(
+            select(QuotaEvent.kind, func.max(QuotaEvent.id))
+            .where(QuotaEvent.job_id == job.id, QuotaEvent.kind.in_([EventKind.ADMITTED.value, EventKind.SUBMITTED.value]))
+            .group_by(QuotaEvent.kind)
+        )
+    }
+    admitted, submitted = last.get(EventKind.ADMITTED.value), last.get(EventKind.SUBMITTED.value)
+    return admitted is not None and submitted is not None and submitted > admitted
 
 
 def device_sort_key(device: str) -> tuple[int, str]:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from airflow_quota_provider.models.job import QuotaJob
 
 _HOLDING = JobState.holding()
+_HOLDING_VALUES = frozenset(state.value for state in _HOLDING)
 
 
 class InvalidTransition(RuntimeError):
@@ -66,9 +67,6 @@ def _clear_stop(job: QuotaJob) -> None:
     job.preempted_for = job.preempt_deadline = job.forced_at = None
 
 
-_SUBMITTABLE = (JobState.PENDING, JobState.STOPPING, JobState.PREEMPTED, JobState.FINISHED, JobState.FAILED)
-
-
 def submit(
     job: QuotaJob,
     *,
@@ -89,23 +87,23 @@ def submit(
     """new, pending, preempted, finished or failed -> pending: Airflow queued the job's task with
     ``workload``. A known job keeps its place (``submitted_at``) and its priority (a person may have
     changed it), unless it had ended: its task is queued again on the same try (a sensor's
-    reschedule). A stopping one stays stopping until its process is gone (its task was queued again
-    before that), and a running one is refused: it holds devices under its launch. ``gpu_types``:
-    the GPU types it accepts, in its order of preference (empty: any)."""
+    reschedule, a deferred task resumed). A stopping or running one stays so until its process is
+    gone (its task was queued again before that was settled: :func:`finish_queued_again`), as it
+    holds devices under its launch. ``gpu_types``: the GPU types it accepts, in its order of
+    preference (empty: any)."""
     if job.state is None:  # not yet in the table
         session.add(job)
-    else:
-        _require(job, "submit", *_SUBMITTABLE)
     if job.state in (None, JobState.FINISHED.value, JobState.FAILED.value):
         job.submitted_at, job.priority = now, priority
-    if job.state != JobState.STOPPING.value:
+    if job.state not in _HOLDING_VALUES:
         job.state = JobState.PENDING.value
     job.ti_id, job.quota, job.gpus, job.nodes, job.preemptible = ti_id, quota, gpus, nodes, preemptible
     job.gpu_types = json.dumps(list(gpu_types)) if gpu_types else None
     job.max_preemptions, job.grace_period_s, job.expected_runtime_s = max_preemptions, grace_period_s, expected_runtime_s
     job.workload = workload
     job.report = None  # queued again: Airflow has moved past the try that ended
-    job.pending_reason = job.pending_reason or UNDECIDED
+    if job.state != JobState.RUNNING.value:
+        job.pending_reason = job.pending_reason or UNDECIDED
     session.flush()
     record_event(EventKind.SUBMITTED, job=job, session=session, message=f"priority {job.priority}")
 
@@ -253,6 +251,19 @@ def finish(job: QuotaJob, message: str, *, killed: bool = False, now: float, ses
     job.state, job.finished_at, job.message, job.handle = JobState.FINISHED.value, now, message, None
     job.report = (Report.FAILED if killed else Report.SUCCESS).value
     record_event(EventKind.FINISHED, job=job, session=session, host=job.host, message=message)
+
+
+def finish_queued_again(job: QuotaJob, message: str, *, now: float, session: Session) -> None:
+    """running -> pending: its process ended after Airflow had queued its task again on the same try
+    (a sensor rescheduled, a deferred task resumed, before the run's end was settled). The run ends
+    as :func:`finish` records it, nothing is told to Airflow (it has moved on), and the job waits
+    with the new workload from now, as an ended job queued again does (:func:`submit`)."""
+    _require(job, "finish", JobState.RUNNING)
+    release_devices(job, session=session)
+    _forget_placement(job)
+    record_event(EventKind.FINISHED, job=job, session=session, host=job.host, message=message)
+    job.state, job.finished_at, job.message, job.handle = JobState.PENDING.value, now, message, None
+    job.submitted_at, job.started_at, job.report, job.pending_reason = now, None, None, UNDECIDED
 
 
 def fail_at_limit(job: QuotaJob, *, now: float, session: Session) -> None:

@@ -197,6 +197,48 @@ def test_a_reclaim_stops_the_borrower_at_its_deadline_and_hands_its_gpu_to_the_l
     assert (lender.state, devices_of(lender.id, session=db)) == (JobState.RUNNING.value, ["1"])
 
 
+def _queued_again(db: Session, job: QuotaJob) -> str:
+    """Airflow queues the job's task again on the same try, with a new workload, as the executor's
+    ``queue_workload`` records it."""
+    db.execute(update(TaskInstance).where(TaskInstance.task_id == job.task_id).values(state=TaskInstanceState.QUEUED))
+    workload = json.dumps({**json.loads(job.workload), "token": "again"})
+    transitions.submit(
+        job, workload=workload, ti_id=job.ti_id, quota=job.quota, gpus=job.gpus, priority=job.priority, preemptible=True,
+        max_preemptions=None, grace_period_s=None, expected_runtime_s=None, now=time.time(), session=db,
+    )
+    return workload
+
+
+def test_a_task_queued_again_on_its_try_before_its_run_ended_waits_for_its_process_then_runs_again(db, parts, clock):
+    job = _queued(db, "deferring")
+    parts.decide_and_act()
+    _started(db, job)
+    clock.shift(5)  # it deferred, its trigger fired and Airflow queued it again before the host said its run ended
+    workload = _queued_again(db, job)
+    assert (job.state, devices_of(job.id, session=db)) == (JobState.RUNNING.value, ["0"]), "held until its process is gone"
+    parts.decide_and_act()
+    assert job.state == JobState.RUNNING.value and db.get(QuotaLaunch, job.handle) is not None, "not launched twice"
+
+    end_launch(job.handle, rc=0, session=db)
+    assert parts.reconciler.watch_launches(parts.cycle())
+    assert (job.state, job.report, job.submitted_at, job.workload) == (JobState.PENDING.value, None, NOW + 5, workload)
+    assert devices_of(job.id, session=db) == []
+    assert _events(db, job) == ["submitted", "admitted", "submitted", "released", "finished"]
+    parts.decide_and_act()
+    assert job.state == JobState.RUNNING.value and _events(db, job)[-1] == "admitted", "launched with the new workload"
+
+
+def test_a_task_whose_process_ended_while_it_was_still_queued_is_finished_and_reported(db, parts):
+    """Not queued again since its admission: its process ended before its task ran (the task instance
+    still queued from the admission), which Airflow hears of."""
+    job = _queued(db, "never_ran")
+    parts.decide_and_act()
+    assert start_launch(job.handle, worker_pid=100 + job.id, session=db)
+    end_launch(job.handle, rc=None, session=db)
+    assert parts.reconciler.watch_launches(parts.cycle())
+    assert (job.state, job.report) == (JobState.FINISHED.value, Report.FAILED.value)
+
+
 def test_a_stopping_job_still_running_a_minute_after_its_task_was_stopped_is_killed(db, config, tmp_path, clock):
     """Its supervisor should have ended it on the new state; a real process that outlives that is killed."""
     launcher = LocalLauncher(tmp_path / "state", ["0"], cgroups=False)

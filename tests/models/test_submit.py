@@ -1,5 +1,5 @@
 """Submitting: Airflow queued a job's task. A new job takes its place now; a known one keeps it (and
-its priority) unless it had ended; a stopping one stays stopping; a running one is refused."""
+its priority) unless it had ended; a stopping or running one stays so until its process is gone."""
 
 from __future__ import annotations
 
@@ -59,11 +59,10 @@ def test_a_stopping_job_queued_again_stays_stopping_until_its_process_is_gone(se
     assert (job.state, job.workload) == ("stopping", '{"new": 1}')
 
 
-def test_a_running_job_cannot_be_submitted(session):
+def test_a_running_job_queued_again_stays_running_until_its_process_is_gone(session):
+    """A sensor rescheduled or a deferred task resumed before its run's end was settled: refusing it
+    would stop Airflow's scheduler, which queues it in its own transaction."""
     job = _known(session, "running_job", JobState.RUNNING)
-    with pytest.raises(
-        transitions.InvalidTransition,
-        match=r"cannot submit job \d+ \(dag.running_job run try 1\): it is running, not pending or stopping or "
-        r"preempted or finished or failed",
-    ):
-        _submit(session, job, now=200.0)
+    job.pending_reason = None
+    _submit(session, job, now=200.0)
+    assert (job.state, job.workload, job.submitted_at, job.pending_reason) == ("running", '{"new": 1}', 100.0, None)
