@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from airflow_quota_provider.policy import QuotaFile
 
 SCHEDULE_EVERY_S = 1.0
+_ACTIVE = frozenset(state.value for state in JobState.active())
 
 
 class QuotaExecutor(BaseExecutor):
@@ -242,8 +243,8 @@ class QuotaExecutor(BaseExecutor):
         job = self._job_for_key(ti.key, session, lock=True)  # the other scheduler may be admitting it
         self.running.discard(ti.key)
         self._dirty = True
-        if job is None:
-            return
+        if job is None or job.state not in _ACTIVE:
+            return  # ended while its task instance was queued: its report tells Airflow how
         if job.handle and self.launcher:
             self.launcher.kill(job.handle, session=session)
             self.launcher.forget(job.handle, session=session)

@@ -11,8 +11,8 @@ import time
 import uuid
 
 import pytest
-from sqlalchemy import insert, update
-from sqlalchemy.orm import Session
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session, lazyload
 
 from airflow.models.taskinstance import TaskInstance
 from airflow.utils.state import TaskInstanceState
@@ -107,3 +107,12 @@ def test_a_gone_schedulers_report_waits_for_the_scheduler_that_adopts_its_task_i
     _report(executor, db)
     assert executor.get_event_buffer() == {}
     assert job.report == Report.FAILED.value
+
+
+def test_airflow_revoking_a_task_whose_job_ended_while_it_was_queued_leaves_the_report_to_tell_it(db, executor):
+    """Airflow's ``task_queued_timeout`` can come before it heeds the report of a task whose process
+    ended before it started; a revoke of such a job raised, which stops Airflow's scheduler."""
+    job = _killed_before_it_started(db)
+    ti = db.scalar(select(TaskInstance).options(lazyload("*")))  # no dag run here to join
+    executor.revoke_task(ti=ti)
+    assert (job.state, job.report) == (JobState.FINISHED.value, Report.FAILED.value)
