@@ -136,7 +136,7 @@ class Queue:
     fungibility: Fungibility = Fungibility()
     gang_reservation_after_s: float | None = None
     """A gang (a job of several hosts) that has waited this long for hosts, while fitting its quota,
-    gets the hosts nearest to room kept for it until they drain (one gang a cycle); None: never."""
+    gets hosts kept for it until they drain (the one that has waited longest); None: never."""
     instance_types: dict[str, str] = field(default_factory=dict, hash=False)
     """GPU type -> the instance type AWS Batch counts it in (a quota share's capacity limits)."""
     gpu_hour_price: dict[str | None, float] = field(default_factory=dict, hash=False)

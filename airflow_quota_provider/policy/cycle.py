@@ -159,6 +159,9 @@ class _Cycle:
         self.drained_for: tuple[Job, tuple[str, ...], float] | None = None
         """The gang whose hosts are kept for it this cycle, those hosts, and when the last is expected
         to have room for it (``inf``: unknown), if any (:meth:`_drain_for`)."""
+        self.longest_waiting_gang: str | None = None
+        """The waiting gang submitted first (then by id), the only one hosts may be kept for; found
+        when a gang first asks for them."""
 
     def run(self, explain: bool) -> Decision:
         self._reject()
@@ -266,16 +269,23 @@ class _Cycle:
 
     def _drain_for(self, gang: Job) -> bool:
         """Keep hosts for ``gang``, which fits its quota but finds no hosts even once stopping jobs
-        are gone, nor victims, if it has waited the job queue's ``gang_reservation_after_s`` and no
-        other gang has hosts kept this cycle (Slurm's reservation for the head of the queue): the
-        hosts expected to have room first by their jobs' expected runtimes, else those nearest to
-        room. Nothing starts there but jobs expected to end before the last of them has room that
+        are gone, nor victims, if it is the gang that has waited longest of those waiting past the
+        job queue's ``gang_reservation_after_s`` (Slurm's reservation for one job; the same gang
+        every cycle until it starts, whichever quota the passes take first): the hosts expected to
+        have room first by their jobs' expected runtimes, else those nearest to room. Nothing starts there but jobs expected to end before the last of them has room that
         leave the gang's capacity free (Slurm's backfill, :meth:`_backfill`), so they drain as their
         jobs end, and it starts once they have, if its quota still lets it. Only the hosts are held,
         not its capacity: until then the quota arithmetic is what it would be without it. Whether it
         kept them."""
         after = self.state.gang_reservation_after_s
         if after is None or self.drained_for is not None or self.now - gang.submitted_at < after:
+            return False
+        if self.longest_waiting_gang is None:
+            self.longest_waiting_gang = min(  # not one rejected, started or held already: it needs none
+                (job for job in self.backlog if job.nodes > 1 and job.id not in self.handled),
+                key=lambda job: (job.submitted_at, job.id),
+            ).id
+        if gang.id != self.longest_waiting_gang:
             return False
         ends: dict[str, list[tuple[float, int]]] = defaultdict(list)
         taken = self.candidates.taken  # victims of this cycle: their GPUs are free once settled already

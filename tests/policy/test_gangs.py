@@ -281,11 +281,26 @@ def test_a_gang_that_has_not_waited_gang_reservation_after_s_keeps_no_hosts():
     placed(_fragmented(gang_submitted_at=1.0, gang_reservation_after_s=100.0), {"s": "h1"}, [])
 
 
-def test_hosts_are_kept_for_one_gang_a_cycle_the_first_in_queue_order():
+def test_hosts_are_kept_for_one_gang_a_cycle():
     state = _fragmented(gang_reservation_after_s=100.0)
     second = replace(state.pending[0], id="g2", priority=4)
     decision = placed(replace(state, pending=(*state.pending, second)), {}, [])
     assert "are kept for it" in reason_of(decision, "g") and "are kept for it" not in reason_of(decision, "g2")
+
+
+def test_hosts_are_kept_for_the_gang_that_has_waited_longest_not_the_first_in_queue_order():
+    # g2 comes first (priority 9), but g has waited longer: the same gang keeps them, cycle after cycle.
+    state = _fragmented(gang_reservation_after_s=50.0)
+    newer = replace(state.pending[0], id="g2", priority=9, submitted_at=10.0)
+    decision = placed(replace(state, pending=(*state.pending, newer)), {}, [])
+    assert "are kept for it" in reason_of(decision, "g") and "are kept for it" not in reason_of(decision, "g2")
+
+
+def test_a_gang_that_can_never_run_takes_no_hosts_from_the_next_longest_waiting():
+    state = _fragmented(gang_reservation_after_s=100.0)
+    too_large = replace(state.pending[0], id="g0", gpus=20, nodes=5, submitted_at=-10.0)  # 5 hosts; the queue has 4
+    decision = check(replace(state, pending=(too_large, *state.pending)), 100.0, [], [])
+    assert [r.id for r in decision.reject] == ["g0"] and "are kept for it" in reason_of(decision, "g")
 
 
 def test_a_gang_that_can_preempt_for_hosts_preempts_rather_than_keep_hosts_draining():
