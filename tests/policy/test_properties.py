@@ -234,11 +234,15 @@ def logical_start(state: State) -> dict[str, int]:
 
 
 def logical_end(state: State, decision) -> dict[str, int]:
-    """Usage once every victim has stopped and every admitted or held job runs."""
+    """Usage once every victim has stopped, every job a held one awaits has ended (spared: expected to
+    finish within its grace period, its GPUs are the preemptor's) and every admitted or held job runs."""
     used = logical_start(state)
     jobs = {job.id: job for job in state.pending}
+    running = {job.id: job for job in state.running}
     for preemption in decision.preempt:
-        used[preemption.quota] -= next(j.gpus for j in state.running if j.id == preemption.id)
+        used[preemption.quota] -= running[preemption.id].gpus
+    for spared in {job_id for pending in decision.pending for job_id in pending.awaits}:
+        used[running[spared].quota] -= running[spared].gpus
     holding = {p.id for p in decision.pending if p.reason.startswith("waiting for")}
     for job_id in [*decision.admit, *holding]:
         used[jobs[job_id].quota] += jobs[job_id].gpus
