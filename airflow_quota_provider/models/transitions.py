@@ -259,11 +259,10 @@ def finish_queued_again(job: QuotaJob, message: str, *, now: float, session: Ses
     as :func:`finish` records it, nothing is told to Airflow (it has moved on), and the job waits
     with the new workload from now, as an ended job queued again does (:func:`submit`)."""
     _require(job, "finish", JobState.RUNNING)
-    release_devices(job, session=session)
-    _forget_placement(job)
-    record_event(EventKind.FINISHED, job=job, session=session, host=job.host, message=message)
-    job.state, job.finished_at, job.message, job.handle = JobState.PENDING.value, now, message, None
-    job.submitted_at, job.started_at, job.report, job.pending_reason = now, None, None, UNDECIDED
+    finish(job, message, now=now, session=session)
+    job.state, job.submitted_at, job.started_at, job.report, job.pending_reason = (
+        JobState.PENDING.value, now, None, None, UNDECIDED
+    )
 
 
 def fail_at_limit(job: QuotaJob, *, now: float, session: Session) -> None:

@@ -272,11 +272,12 @@ class _Cycle:
         are gone, nor victims, if it is the gang that has waited longest of those waiting past the
         job queue's ``gang_reservation_after_s`` (Slurm's reservation for one job; the same gang
         every cycle until it starts, whichever quota the passes take first): the hosts expected to
-        have room first by their jobs' expected runtimes, else those nearest to room. Nothing starts there but jobs expected to end before the last of them has room that
-        leave the gang's capacity free (Slurm's backfill, :meth:`_backfill`), so they drain as their
-        jobs end, and it starts once they have, if its quota still lets it. Only the hosts are held,
-        not its capacity: until then the quota arithmetic is what it would be without it. Whether it
-        kept them."""
+        have room first by their jobs' expected runtimes, else those nearest to room. Nothing starts
+        there but jobs expected to end before the last of them has room that leave the gang's
+        capacity free (Slurm's backfill, :meth:`_backfill`), so they drain as their jobs end, and it
+        starts once they have, if its quota still lets it. Only the hosts are held, not its
+        capacity: until then the quota arithmetic is what it would be without it. Whether it kept
+        them."""
         after = self.state.gang_reservation_after_s
         if after is None or self.drained_for is not None or self.now - gang.submitted_at < after:
             return False
