@@ -50,7 +50,7 @@ from airflow_quota_provider.executors.containment import (
 )
 from airflow_quota_provider.executors.gangs import run_member, with_master_port
 from airflow_quota_provider.executors.launcher import Liveness
-from airflow_quota_provider.executors.local_launcher import MEMBER_LOG, LocalLauncher, supervise_workload
+from airflow_quota_provider.executors.local_launcher import MEMBER_LOG, LocalLauncher, supervise_workload, warm_task_client
 from airflow_quota_provider.protocol import ENV_CUDA_VISIBLE_DEVICES
 
 log = logging.getLogger(__name__)
@@ -76,12 +76,14 @@ def jobs() -> LocalLauncher:
 
 
 @worker_process_init.connect
-def _fresh_connections(**_) -> None:
-    """A forked pool process must not share the parent's database connections."""
+def _prepare_pool_process(**_) -> None:
+    """A forked pool process must not share the parent's database connections; it readies what its
+    launches' supervisors need before the first launch waits on it."""
     from airflow import settings
 
     if settings.engine is not None:
         settings.engine.dispose(close=False)
+    warm_task_client()
 
 
 @app.task(name=TASK_NAME, bind=True, acks_late=True)

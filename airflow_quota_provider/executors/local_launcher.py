@@ -230,6 +230,7 @@ class LocalLauncher:
             path.unlink(missing_ok=True)
         env = {**env, ENV_PREEMPT_FILE: str(self.preempt_file(job_id))}
         cgroup = JobCgroup.create(f"job-{job_id}-{time.time_ns()}") if self.use_cgroups else None
+        warm_task_client()  # once per process: every later launch forks it ready
         sys.stdout.flush()
         sys.stderr.flush()
         # Like LocalExecutor: freeze the GC across the fork so that the child's collections do not
@@ -388,6 +389,20 @@ class LocalLauncher:
 def _parse(handle: str) -> tuple[str, int]:
     key, pid = handle.split(":")
     return key, int(pid)
+
+
+def warm_task_client() -> None:
+    """Build, in the process that forks the launches, what each task supervisor would otherwise
+    build for itself: the execution API client's TLS context. Airflow caches it per process, and
+    loading certifi's authorities costs some 45 ms of CPU, on the path of every start (an owner
+    taking its GPUs back waits on it)."""
+    try:
+        from airflow.sdk.api import client
+    except ImportError:  # pragma: no cover - Airflow without the task SDK
+        return
+    cached = getattr(client.Client, "_get_ssl_context_cached", None)
+    if cached is not None:  # private in Airflow: without it, each supervisor builds its own
+        cached(getattr(client, "API_SSL_CA_FILE_PATH", None), getattr(client, "API_SSL_CERT_PATH", None))
 
 
 def supervise_workload(workload: ExecuteTask) -> int:  # pragma: no cover - runs in the child

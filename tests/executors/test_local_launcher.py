@@ -399,3 +399,26 @@ def test_a_restarted_worker_ends_the_launches_an_earlier_one_left_running(tmp_pa
     assert not _escaped_alive(escaped) and not restarted.running(2)
     assert restarted.end_leftovers() == []
     earlier.reap()
+
+
+def test_a_launchs_supervisor_finds_the_api_clients_tls_context_built(tmp_path):
+    """Its start waits on nothing the launcher could have built once: the client's context, cached
+    by Airflow per process, comes with the fork."""
+    code = textwrap.dedent(f"""
+        import os
+        from pathlib import Path
+        from airflow.sdk.api.client import Client
+        from airflow_quota_provider.executors.local_launcher import LocalLauncher
+
+        def supervisor():
+            before = Client._get_ssl_context_cached.cache_info()
+            Client(base_url="http://127.0.0.1:9/execution/", token="t")
+            after = Client._get_ssl_context_cached.cache_info()
+            Path({str(tmp_path / "built")!r}).write_text(str(after.misses - before.misses))
+            return 0
+
+        pid = LocalLauncher(Path({str(tmp_path)!r}), cgroups=False).start("1", supervisor, {{}})
+        os.waitpid(pid, 0)
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert (tmp_path / "built").read_text() == "0"
