@@ -63,9 +63,9 @@ from airflow_quota_provider.plugins.datamodels_ui import (
     QuotaBarView,
     TypeFiguresView,
 )
-from airflow_quota_provider.policy import PolicyError, Reclaim, State
+from airflow_quota_provider.policy import PolicyError, State
 from airflow_quota_provider.policy.ordering import victim_order
-from airflow_quota_provider.policy.preemption_policy import effective_max_preemptions, may_be_preempted, reclaim_ceiling
+from airflow_quota_provider.policy.preemption_policy import effective_max_preemptions, may_be_preempted, may_reclaim_from
 from airflow_quota_provider.policy.types import running_by_type
 from airflow_quota_provider.simulation.forecast import describe_start
 from airflow_quota_provider.usage import (
@@ -355,21 +355,11 @@ def holdings(quota_file: QuotaFile, *, now: float, session: Session) -> dict[int
                     room -= owned
                     borrowed = job.gpus - owned
                     candidate = borrowed > 0 and may_be_preempted(job, quota, now) and any(
-                        _reclaims(lender, job) for lender in lenders.get((queue.name, gpu_type), ())
+                        may_reclaim_from(lender, job) for lender in lenders.get((queue.name, gpu_type), ())
                         if lender.name != quota.name
                     )
                     out[int(job.id)] = Holding(borrowed, candidate, job.last_checkpoint_at)
     return out
-
-
-def _reclaims(lender: Quota, job: Job) -> bool:
-    """Whether ``lender``'s reclaim rule lets one of its jobs (at most its ``max_priority``) preempt ``job``."""
-    if lender.preemption.reclaim == Reclaim.NEVER:
-        return False
-    if lender.max_priority is None:
-        return True
-    ceiling = reclaim_ceiling(lender.preemption.reclaim, lender.max_priority)
-    return ceiling is None or job.priority <= ceiling
 
 
 def _ti(job: QuotaJob | ActiveJob) -> tuple[str, str, str, int]:

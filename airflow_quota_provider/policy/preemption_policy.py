@@ -45,6 +45,15 @@ def reclaim_ceiling(policy: Reclaim, priority: int) -> float | None:
     return NOBODY  # never
 
 
+def may_reclaim_from(lender: Quota, job: Job) -> bool:
+    """Whether ``lender``'s reclaim rule lets one of its jobs (at most its ``max_priority``) preempt
+    ``job``, which borrows from it: what the UI marks as a reclaim candidate."""
+    if lender.max_priority is None:
+        return lender.preemption.reclaim != Reclaim.NEVER
+    ceiling = reclaim_ceiling(lender.preemption.reclaim, lender.max_priority)
+    return ceiling is None or job.priority <= ceiling
+
+
 def borrow_within_ceiling(max_priority: int | None, priority: int) -> float:
     """``borrow_within``: lower-priority victims (at most ``max_priority``) in other borrowing quotas,
     while the preemptor's own quota (its priority: ``priority``) keeps borrowing."""

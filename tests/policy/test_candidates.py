@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from airflow_quota_provider.policy.candidates import Candidates
 from airflow_quota_provider.policy.ordering import victim_order, victim_order_by_work
-from airflow_quota_provider.policy.preemption_policy import finishes_within_grace
+from airflow_quota_provider.policy.preemption_policy import finishes_within_grace, may_reclaim_from
 from airflow_quota_provider.policy.running import Running
 from tests.policy.builders import quota, running
 
@@ -143,3 +143,21 @@ def test_with_runtimes_a_job_with_a_grace_period_of_its_own_sorts_the_whole_list
     owner = quota("a", 8)
     assert ids(Candidates(kept, {"a": owner}, NOW), "a") == whole_sort(jobs, by_work_of=owner)
     assert ids(Candidates(kept, {"a": owner}, NOW), "a")[:2] == ["own", "plain"], "expected to finish: first"
+
+
+def test_a_lender_that_never_reclaims_reaches_no_borrower():
+    borrower = running("b", "team-b", 1, priority=0)
+    assert not may_reclaim_from(quota("team-a", 4, reclaim="never"), borrower)
+    assert not may_reclaim_from(quota("team-a", 4, reclaim="never", max_priority=100), borrower)
+
+
+def test_a_lender_whose_jobs_have_no_priority_ceiling_may_reclaim_from_any_borrower():
+    borrower = running("b", "team-b", 1, priority=10**6)
+    assert may_reclaim_from(quota("team-a", 4, reclaim="lower_priority"), borrower)
+    assert may_reclaim_from(quota("team-a", 4, reclaim="any", max_priority=0), borrower)
+
+
+def test_a_lender_reclaiming_lower_priority_reaches_borrowers_below_its_highest_priority():
+    lender = quota("team-a", 4, reclaim="lower_priority", max_priority=50)
+    assert may_reclaim_from(lender, running("b", "team-b", 1, priority=49))
+    assert not may_reclaim_from(lender, running("b", "team-b", 1, priority=50))
