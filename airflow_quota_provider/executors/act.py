@@ -10,10 +10,13 @@ from sqlalchemy import Integer, Text, column, update, values
 from airflow.executors import workloads
 from airflow.utils.state import TaskInstanceState
 from airflow_quota_provider.executors.gangs import forget_command, node_env, placement
+from airflow_quota_provider.executors.launcher import Launch
 from airflow_quota_provider.executors.task_instances import fail_ti, ti_state
 from airflow_quota_provider.models import transitions
 from airflow_quota_provider.models.gang import GangState
-from airflow_quota_provider.models.job import EventKind, JobState, QuotaJob, allocated_devices, devices_of, preemption_count, record_event
+from airflow_quota_provider.models.job import (
+    EventKind, JobState, QuotaJob, allocated_devices, devices_by_job, preemption_count, record_event,
+)
 from airflow_quota_provider.policy.preemption_policy import grace_period_of
 from airflow_quota_provider.policy.types import running_by_type
 from airflow_quota_provider.protocol import EXECUTOR_CONFIG_KEY, PreemptionNotice, TaskEnvironment
@@ -61,8 +64,7 @@ class Actor:
             admitted += self._act(queue, cycle)
         if admitted:
             session.commit()  # devices are recorded before any process exists
-            for job in admitted:
-                self._launch(job, cycle)
+            self._launch(admitted, cycle)
 
     def _act(self, queue: QueueCycle, cycle: Cycle) -> list[QuotaJob]:
         """Apply one job queue's decision (ORM objects are loaded only for the jobs that change
@@ -162,22 +164,40 @@ class Actor:
             )
         return True
 
-    def _launch(self, job: QuotaJob, cycle: Cycle) -> None:
-        """Start the admitted job's task with a fresh token and exactly its devices visible."""
+    def _launch(self, jobs: list[QuotaJob], cycle: Cycle) -> None:
+        """Start the admitted jobs' tasks, each with a fresh token and exactly its devices visible,
+        all of them together (:meth:`Launcher.launch_all`)."""
         session = cycle.session
+        devices = devices_by_job([job.id for job in jobs], session=session)
+        ready: list[tuple[QuotaJob, Launch]] = []
+        for job in jobs:
+            try:
+                ready.append((job, self._prepare(job, devices.get(job.id, []), cycle)))
+            except Exception as e:
+                self._launch_failed(job, e, session)
         try:
-            workload = workloads.ExecuteTask.model_validate_json(job.workload or "")
-            workload.token = self.token(str(workload.ti.id))
-            gang = GangState.of(job) if job.nodes > 1 else None
-            env = task_env(job, job.host, gang.nodes[0].devices if gang else devices_of(job.id, session=session), cycle)
-            if gang:  # MASTER_PORT comes from node 0's host
-                env.update(node_env(job, 0, self.launcher.address(job.host, session=session), None))
-            handle = self.launcher.launch(job_id=job.id, host=job.host, workload=workload, env=env, session=session)
-            transitions.launched(job, handle)
-        except Exception as e:
-            self.log.exception("Could not launch %s on %s", job.ti_label(), job.host)
-            transitions.launch_failed(job, str(e), session=session)
+            results = self.launcher.launch_all([launch for _, launch in ready], session=session)
+        except Exception as e:  # none of them is known to have started: the next cycle starts them again
+            results = [e] * len(ready)
+        for (job, _), result in zip(ready, results):
+            if isinstance(result, Exception):
+                self._launch_failed(job, result, session)
+            else:
+                transitions.launched(job, result)
         session.flush()
+
+    def _prepare(self, job: QuotaJob, devices: list[str], cycle: Cycle) -> Launch:
+        workload = workloads.ExecuteTask.model_validate_json(job.workload or "")
+        workload.token = self.token(str(workload.ti.id))
+        gang = GangState.of(job) if job.nodes > 1 else None
+        env = task_env(job, job.host, gang.nodes[0].devices if gang else devices, cycle)
+        if gang:  # MASTER_PORT comes from node 0's host
+            env.update(node_env(job, 0, self.launcher.address(job.host, session=cycle.session), None))
+        return Launch(job.id, job.host, workload, env)
+
+    def _launch_failed(self, job: QuotaJob, error: Exception, session: Session) -> None:
+        self.log.error("Could not launch %s on %s", job.ti_label(), job.host, exc_info=error)
+        transitions.launch_failed(job, str(error), session=session)
 
     def _unknown_quota_message(self, job: QuotaJob, names: list[str]) -> str:
         if not job.quota:

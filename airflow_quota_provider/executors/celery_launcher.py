@@ -11,14 +11,14 @@ launch row, never from Celery's result state (a task that trapped SIGTERM ends S
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
 from airflow.configuration import conf
 from airflow_quota_provider.executors.celery_worker import MEMBER_TASK_NAME, TASK_NAME, host_queue
-from airflow_quota_provider.executors.launcher import HostDevices, Liveness, Status
+from airflow_quota_provider.executors.launcher import HostDevices, Launch, Liveness, Status
 from airflow_quota_provider.models.coordination import db_now
 from airflow_quota_provider.models.host import (
     HostState,
@@ -34,7 +34,6 @@ from airflow_quota_provider.models.host import (
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from airflow.executors.workloads import ExecuteTask
     from airflow_quota_provider.policy import QuotaFile
 
 
@@ -64,18 +63,25 @@ class CeleryLauncher:
             if queue
         ]
 
-    def launch(self, *, job_id: int, host: str, workload: ExecuteTask, env: dict[str, str], session: Session) -> str:
-        handle = f"quota-{job_id}-{uuid.uuid4().hex}"  # fresh per launch: workers remember revoked ids
-        record_launch(handle, job_id=job_id, host=host, session=session)
+    def launch_all(self, launches: Sequence[Launch], *, session: Session) -> list[str | Exception]:
+        """Record every launch, commit once, then send them one after the other."""
+        handles = [f"quota-{launch.job_id}-{uuid.uuid4().hex}" for launch in launches]  # workers remember revoked ids
+        for launch, handle in zip(launches, handles):
+            record_launch(handle, job_id=launch.job_id, host=launch.host, session=session)
         session.commit()
-        try:
-            self.app.send_task(
-                TASK_NAME, args=(workload.model_dump_json(), job_id, env), queue=host_queue(host), task_id=handle
-            )
-        except Exception:
-            cancel_launches([handle], session=session)
-            raise
-        return handle
+        out: list[str | Exception] = []
+        for launch, handle in zip(launches, handles):
+            try:
+                self.app.send_task(
+                    TASK_NAME, args=(launch.workload.model_dump_json(), launch.job_id, launch.env),
+                    queue=host_queue(launch.host), task_id=handle,
+                )
+            except Exception as e:
+                cancel_launches([handle], session=session)
+                out.append(e)
+            else:
+                out.append(handle)
+        return out
 
     def launch_member(
         self, *, job_id: int, node_rank: int, host: str, argv: list[str], cwd: str | None, env: dict[str, str], session: Session

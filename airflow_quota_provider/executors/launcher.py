@@ -10,7 +10,7 @@ sends the job to a GPU host's Celery worker. The executor knows neither pids nor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
@@ -62,6 +62,17 @@ class HostDevices:
     """Its GPUs' type (a host holds one); None: untyped, which a job queue with GPU types cannot use."""
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One admitted job's start: its workload on ``host``, with ``env`` (``CUDA_VISIBLE_DEVICES`` and
+    ``QUOTA_*``) added to the environment."""
+
+    job_id: int
+    host: str
+    workload: ExecuteTask
+    env: dict[str, str]
+
+
 class Launcher(Protocol):
     places_on_hosts: bool
     """True when jobs may land on several hosts, so the policy places them (DESIGN §2, hosts);
@@ -70,9 +81,9 @@ class Launcher(Protocol):
     def hosts(self, quota_file: QuotaFile, *, session: Session) -> list[HostDevices]:
         """The hosts per job queue, with whether their devices are in the pool now."""
 
-    def launch(self, *, job_id: int, host: str, workload: ExecuteTask, env: dict[str, str], session: Session) -> str:
-        """Start ``workload`` on ``host`` with ``env`` (``CUDA_VISIBLE_DEVICES`` and ``QUOTA_*``) added
-        to the environment; returns the handle."""
+    def launch_all(self, launches: Sequence[Launch], *, session: Session) -> list[str | Exception]:
+        """Start a cycle's admitted jobs, each launch's handle or why it could not start, in order:
+        all at once, so that the last owner of a reclaim does not wait on the others' round trips."""
 
     def launch_member(
         self, *, job_id: int, node_rank: int, host: str, argv: list[str], cwd: str | None, env: dict[str, str], session: Session

@@ -34,7 +34,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,7 +53,7 @@ from airflow_quota_provider.executors.containment import (
     watch_parent,
 )
 from airflow_quota_provider.executors.gangs import LOCAL_ADDRESS, run_member, with_master_port
-from airflow_quota_provider.executors.launcher import HostDevices, Liveness, Status
+from airflow_quota_provider.executors.launcher import HostDevices, Launch, Liveness, Status
 from airflow_quota_provider.models.host import launch_key
 from airflow_quota_provider.protocol import ENV_PREEMPT_FILE, PREEMPT_FILE, PreemptionNotice, write_atomically, write_notice
 
@@ -144,12 +144,21 @@ class LocalLauncher:
             for queue, devices in split_devices(quota_file, self.devices, gpu_type=self.gpu_type).items()
         ]
 
-    def launch(self, *, job_id: int, host: str, workload: ExecuteTask, env: dict[str, str], session: Session) -> str:
-        env, port = with_master_port(env)
-        (self.job_dir(job_id) / PORT_FILE).unlink(missing_ok=True)
-        handle = f"{job_id}:{self.fork(job_id, workload, env)}"
+    def launch_all(self, launches: Sequence[Launch], *, session: Session) -> list[str | Exception]:
+        out: list[str | Exception] = []
+        for launch in launches:
+            try:
+                out.append(self._launch(launch))
+            except Exception as e:
+                out.append(e)
+        return out
+
+    def _launch(self, launch: Launch) -> str:
+        env, port = with_master_port(launch.env)
+        (self.job_dir(launch.job_id) / PORT_FILE).unlink(missing_ok=True)
+        handle = f"{launch.job_id}:{self.fork(launch.job_id, launch.workload, env)}"
         if port is not None:
-            write_atomically(self.job_dir(job_id) / PORT_FILE, str(port))
+            write_atomically(self.job_dir(launch.job_id) / PORT_FILE, str(port))
         return handle
 
     def launch_member(

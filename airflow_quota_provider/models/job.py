@@ -414,10 +414,18 @@ def list_jobs(*, states: Iterable[str] | None = None, session: Session) -> Seque
 
 
 def devices_of(job_id: int, *, session: Session) -> list[str]:
-    rows = session.scalars(
-        select(QuotaDeviceAllocation.device).where(QuotaDeviceAllocation.job_id == job_id)
-    ).all()
-    return sorted(rows, key=device_sort_key)
+    return devices_by_job([job_id], session=session).get(job_id, [])
+
+
+def devices_by_job(job_ids: list[int], *, session: Session) -> dict[int, list[str]]:
+    """:func:`devices_of` for many jobs in one query."""
+    out: dict[int, list[str]] = {}
+    if job_ids:
+        for job_id, device in session.execute(
+            select(QuotaDeviceAllocation.job_id, QuotaDeviceAllocation.device).where(QuotaDeviceAllocation.job_id.in_(job_ids))
+        ):
+            out.setdefault(job_id, []).append(device)
+    return {job_id: sorted(devices, key=device_sort_key) for job_id, devices in out.items()}
 
 
 def allocated_devices(*, session: Session) -> dict[tuple[str, str], int]:

@@ -379,3 +379,28 @@ def test_a_task_with_junk_executor_config_fails_naming_the_field_and_the_executo
     parts.decide_and_act()
     after = db.scalar(select(QuotaJob).where(QuotaJob.task_id == "next"))
     assert (after.state, devices_of(after.id, session=db)) == (JobState.RUNNING.value, ["0"])
+
+
+def test_jobs_admitted_in_one_cycle_are_each_recorded_and_sent_to_their_host(db, parts):
+    first, second = _queued(db, "first", quota="team-a"), _queued(db, "second", quota="team-b")
+    parts.decide_and_act()
+    assert {job.state for job in (first, second)} == {JobState.RUNNING.value}
+    assert {db.get(QuotaLaunch, job.handle).state for job in (first, second)} == {"sent"}
+    with parts.actor.launcher.app.connection_for_read() as broker, broker.SimpleQueue(host_queue("gpu-a")) as queue:
+        sent = sorted(json.loads(queue.get(timeout=1).body)[0][1] for _ in range(2))  # each message's job id
+    assert sent == sorted([first.id, second.id])
+
+
+def test_launches_the_broker_refuses_put_their_jobs_back_in_line_saying_why(db, parts):
+    """A broker that cannot be reached fails each launch, not the cycle: the jobs wait again with
+    their devices free, and their launch rows are cancelled so no worker would run them."""
+    app = Celery("refusing", broker="redis://127.0.0.1:1/0")
+    app.conf.task_publish_retry = False
+    app.conf.broker_transport_options = {"max_retries": 1, "interval_start": 0, "interval_step": 0.1, "interval_max": 0.1}
+    parts.actor.launcher = CeleryLauncher(app)
+    first, second = _queued(db, "first", quota="team-a"), _queued(db, "second", quota="team-b")
+    parts.decide_and_act()
+    for job in (first, second):
+        assert (job.state, job.handle, devices_of(job.id, session=db)) == (JobState.PENDING.value, None, [])
+        assert job.pending_reason.startswith("launch failed: "), job.pending_reason
+    assert set(db.scalars(select(QuotaLaunch.state).where(QuotaLaunch.job_id.in_([first.id, second.id])))) == {"cancelled"}
