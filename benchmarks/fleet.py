@@ -18,9 +18,10 @@ how fast a preemption notice reaches a task on another host. Prints figures and 
    instance RUNNING (its ``start_date``), p50 and p95 (goal: p95 at most 1 s), with where that time
    goes: the victim's try ending in Airflow (its up_for_reschedule), its host recording its exit
    (the launch row, polled), the executor settling it (``stopped``), admitting the owner, its
-   host's worker taking the launch, its task instance running, its command starting.
+   host's worker taking the launch, its task instance running, its command starting. The
+   scheduler's idle sleep bounds how soon it settles an exit: ``--idle-sleep`` sets it for this one.
 
-usage: python benchmarks/fleet.py [--only e2e|cycle|notice] [--tasks 300] [--keep]
+usage: python benchmarks/fleet.py [--only e2e|cycle|notice] [--tasks 300] [--idle-sleep 0.25] [--keep]
 PostgreSQL and Redis must answer on 127.0.0.1 (``source scripts/services`` starts them).
 """
 
@@ -250,7 +251,7 @@ def _launch_exits(fleet) -> Iterator[dict[str, float]]:
         thread.join()
 
 
-def bench_notice(root: Path) -> None:
+def bench_notice(root: Path, idle_sleep_s: str = IDLE_SLEEP_S) -> None:
     dags = root / "notice-dags"
     dags.mkdir(parents=True)
     stub = ROOT / "tests" / "executors" / "train_stub.py"
@@ -258,7 +259,7 @@ def bench_notice(root: Path) -> None:
     with running_fleet(
         root / "notice", quota_file=NOTICE_QUOTAS, dags_folder=dags, hosts=HOSTS, gpus_per_host=GPUS,
         port=free_port(18070, 18099, also=50), redis_db=12,
-        extra_env={"AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": IDLE_SLEEP_S, "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING"},
+        extra_env={"AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": idle_sleep_s, "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING"},
     ) as fleet:
         fleet.trigger("notice_low")
         deadline = time.monotonic() + 600
@@ -337,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("e2e", "cycle", "notice"))
     parser.add_argument("--tasks", type=int, default=300)
     parser.add_argument("--keep", action="store_true", help="keep the AIRFLOW_HOMEs")
+    parser.add_argument("--idle-sleep", default=IDLE_SLEEP_S, metavar="S",
+                        help=f"notice: [scheduler] scheduler_idle_sleep_time (default {IDLE_SLEEP_S}, docs/fleet.md's)")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="quota-fleet-bench-"))
     started = time.monotonic()
@@ -344,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only in (None, "cycle"):
             bench_cycle(root)
         if args.only in (None, "notice"):
-            bench_notice(root)
+            bench_notice(root, args.idle_sleep)
         if args.only in (None, "e2e"):
             bench_e2e(root, args.tasks)
         print(f"(benchmark wall time {time.monotonic() - started:.0f} s, homes under {root})")
