@@ -2,7 +2,7 @@
 
     python benchmarks/simulate.py [--trace ../shared/traces/itp_elasticflow.csv]
                                   [--config examples/itp-quotas.yaml] [--policies quota,static,fifo]
-                                  [--hosts-per-queue N --gpus-per-host G [--gang-reservation-after S]]
+                                  [--hosts-per-queue N --gpus-per-host G [--gang-reservation-after S] [--seeds SEED,...]]
                                   [--types NAME=SHARE,...]
                                   [--skip-trace] [--skip-kueue]
                                   [--jobs N] [--runtime-noise SIGMA,...] [--spare-finishing-within S,...]
@@ -13,7 +13,8 @@ goal of issue 16 (at most 10 s per policy); with hosts, the trace is replayed on
 job queue (issue 10): jobs larger than a host run as gangs (issue 32), whose mean wait and that of the
 others are set against the pooled replay (no hosts), with the job queues' ``gang_reservation_after_s``
 of ``--gang-reservation-after`` if given, and again for each ``--runtime-noise`` with both replays
-knowing runtimes (hosts kept for a gang are then backfilled); jobs no hosts can hold are counted. With
+knowing runtimes (hosts kept for a gang are then backfilled), once per priority draw of ``--seeds``
+(judged on the means: one replay's ratios are chaotic); jobs no hosts can hold are counted. With
 ``--types`` the ``quota`` policy is replayed again with the job queue split into those GPU types (issue
 33, each job drawn one type) against the untyped replay. The ``quota`` policy is
 replayed again with expected runtimes (exact, and noisy for each ``--runtime-noise`` sigma) to show
@@ -87,15 +88,15 @@ def _to_last_admission(jobs) -> dict[str, float]:
 def _replay(args: tuple) -> tuple:
     """One replay in a worker process: (wall s, CPU s, policy's figures, jobs, mean waits of the jobs
     larger than ``split`` GPUs and of the others; None without ``split``)."""
-    trace, config, policy, hosts_per_queue, gpus_per_host, noise, types, reservation, *split = args
+    trace, config, policy, hosts_per_queue, gpus_per_host, noise, types, reservation, seed, *split = args
     jobs = load_trace(trace)
-    jobs, _ = assign_priorities(jobs, parse_priority_classes(PRIORITIES), seed=PRIORITY_SEED)
+    jobs, _ = assign_priorities(jobs, parse_priority_classes(PRIORITIES), seed=seed)
     quota_file = load_quota_file(config)
     if reservation is not None:
         quota_file = replace(quota_file, queues=tuple(replace(q, gang_reservation_after_s=reservation or None)
                                                       for q in quota_file.queues))
     if types is not None:
-        quota_file, jobs = with_types(quota_file, jobs, types, gpus_per_host, PRIORITY_SEED)
+        quota_file, jobs = with_types(quota_file, jobs, types, gpus_per_host, seed)
     run = simulate(quota_file, jobs, [policy], hosts_per_queue=hosts_per_queue,
                    gpus_per_host=gpus_per_host, runtime_noise=noise)
     waits = None
@@ -123,7 +124,7 @@ def trace_replay(trace: Path, config: Path, policies: list[str], hosts_per_queue
           f"{len(runs)} replays, {jobs_at_once} at once")
     print(f"{'policy':<18} {'wall s':>8} {'CPU s':>8} {'decisions':>10} {'goal <= 10 s':>13}  wait mean s  makespan s"
           f"  preemptions  lost GPU-h" + ("  rejected > host" if hosts else ""))
-    work = [(trace, config, policy, hosts_per_queue, gpus_per_host, noise, None, None) for policy, noise in runs]
+    work = [(trace, config, policy, hosts_per_queue, gpus_per_host, noise, None, None, PRIORITY_SEED) for policy, noise in runs]
     with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
         for (policy, noise), (wall, cpu, figures, _, _) in zip(runs, pool.map(_replay, work)):
             overall = figures["overall"]
@@ -134,26 +135,41 @@ def trace_replay(trace: Path, config: Path, policies: list[str], hosts_per_queue
 
 
 def gangs_against_pooled(trace: Path, config: Path, hosts_per_queue: int, gpus_per_host: int, jobs_at_once: int = 1,
-                         reservation: float | None = None, noises: list[float] = ()) -> None:
+                         reservation: float | None = None, noises: list[float] = (),
+                         seeds: list[int] = (PRIORITY_SEED,)) -> None:
     """Issue 32's figures: the ``quota`` policy on the hosts (jobs larger than a host run as gangs)
     against the same replay without hosts (every job pooled), mean wait of the jobs larger than a host
     and of the others (goals: at most 1.5 and 1.1 times the pooled ones). ``reservation``: the job
     queues' ``gang_reservation_after_s`` instead of the quota file's (0: none). Without runtimes, then
     with them for each of ``noises`` (both replays alike): hosts kept for a gang are backfilled only
-    with jobs expected to end before it has room there."""
+    with jobs expected to end before it has room there. Once per priority draw of ``seeds``: one
+    decision changes every later one, so one draw's ratios move by a tenth with any setting; with
+    several, the goals are judged on their means."""
+    goals = ((f"> {gpus_per_host} GPUs (gangs)", 0, 1.5), (f"<= {gpus_per_host} GPUs", 1, 1.1))
     for noise in (None, *noises):
-        work = [(trace, config, "quota", h, g, noise, None, reservation, gpus_per_host)
-                for h, g in ((hosts_per_queue, gpus_per_host), (None, None))]
+        work = [(trace, config, "quota", h, g, noise, None, reservation, seed, gpus_per_host)
+                for seed in seeds for h, g in ((hosts_per_queue, gpus_per_host), (None, None))]
         with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
-            (_, cpu, figures, _, placed), (_, pooled_cpu, _, _, pooled) = pool.map(_replay, work)
-        overall = figures["overall"]
-        print(f"gangs ({_label('quota', noise)}): {hosts_per_queue} hosts of {gpus_per_host} GPUs per job queue against "
-              f"no hosts; {placed[2]:,} jobs larger than a host ran as {overall['gang_jobs']:,} gangs, "
-              f"{overall['rejected']:,} rejected; replay {cpu:.1f} s CPU (no hosts {pooled_cpu:.1f} s)")
-        for label, index, goal in ((f"> {gpus_per_host} GPUs (gangs)", 0, 1.5), (f"<= {gpus_per_host} GPUs", 1, 1.1)):
-            ratio = placed[index] / pooled[index] if pooled[index] else float("nan")
-            print(f"  {label:<18} mean wait {placed[index]:>9,.0f} s  no hosts {pooled[index]:>9,.0f} s  "
-                  f"ratio {ratio:.2f} (goal <= {goal}: {'met' if ratio <= goal else 'MISSED'})", flush=True)
+            results = list(pool.map(_replay, work))
+        ratios: list[tuple[float, float]] = []
+        for seed, (_, cpu, figures, _, placed), (_, pooled_cpu, _, _, pooled) in zip(seeds, results[::2], results[1::2]):
+            overall = figures["overall"]
+            print(f"gangs ({_label('quota', noise)}, priority seed {seed}): {hosts_per_queue} hosts of {gpus_per_host} "
+                  f"GPUs per job queue against no hosts; {placed[2]:,} jobs larger than a host ran as "
+                  f"{overall['gang_jobs']:,} gangs, {overall['rejected']:,} rejected; replay {cpu:.1f} s CPU "
+                  f"(no hosts {pooled_cpu:.1f} s)")
+            ratios.append(tuple(placed[i] / pooled[i] if pooled[i] else float("nan") for i in (0, 1)))
+            for label, index, goal in goals:
+                print(f"  {label:<18} mean wait {placed[index]:>9,.0f} s  no hosts {pooled[index]:>9,.0f} s  "
+                      f"ratio {ratios[-1][index]:.2f} (goal <= {goal}: {'met' if ratios[-1][index] <= goal else 'MISSED'})",
+                      flush=True)
+        if len(seeds) > 1:
+            print(f"gangs ({_label('quota', noise)}): mean over priority seeds {', '.join(map(str, seeds))}")
+            for label, index, goal in goals:
+                each = [r[index] for r in ratios]
+                mean = sum(each) / len(each)
+                print(f"  {label:<18} ratio {mean:.2f} ({min(each):.2f}-{max(each):.2f}) "
+                      f"(goal <= {goal}: {'met' if mean <= goal else 'MISSED'})", flush=True)
 
 
 def types_against_untyped(trace: Path, config: Path, types: str, hosts_per_queue: int | None,
@@ -161,7 +177,7 @@ def types_against_untyped(trace: Path, config: Path, types: str, hosts_per_queue
     """Issue 33: the ``quota`` policy with the job queue split into GPU types (``--types``: each job
     drawn a type by the shares, so it may run on that type only) against the same replay untyped:
     replay time and mean wait, the price of binding jobs to types."""
-    work = [(trace, config, "quota", hosts_per_queue, gpus_per_host, None, t, None) for t in (types, None)]
+    work = [(trace, config, "quota", hosts_per_queue, gpus_per_host, None, t, None, PRIORITY_SEED) for t in (types, None)]
     with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
         (_, cpu, typed, _, _), (_, untyped_cpu, untyped, _, _) = pool.map(_replay, work)
     wait, untyped_wait = typed["overall"]["wait_mean_s"], untyped["overall"]["wait_mean_s"]
@@ -249,6 +265,8 @@ def main() -> int:
     parser.add_argument("--gang-reservation-after", type=float, default=None, metavar="S",
                         help="with --hosts-per-queue: the job queues' gang_reservation_after_s for the gang figures "
                              "instead of the quota file's (0: none)")
+    parser.add_argument("--seeds", default=str(PRIORITY_SEED), metavar="SEED,...",
+                        help="with --hosts-per-queue: priority draws of the gang figures, judged on their means")
     parser.add_argument("--types", default=None, metavar="NAME=SHARE,...",
                         help="also replay quota with the queue split into these GPU types, against untyped")
     parser.add_argument("--skip-trace", action="store_true")
@@ -269,6 +287,10 @@ def main() -> int:
     if args.jobs < 1:
         parser.error(f"--jobs: {args.jobs} must be at least 1")
     noises = _numbers(parser, "--runtime-noise", args.runtime_noise)
+    seeds = _numbers(parser, "--seeds", args.seeds)
+    if not seeds or any(s != int(s) or s < 0 for s in seeds):
+        parser.error(f"--seeds: {args.seeds!r} must be integers from 0")
+    seeds = [int(s) for s in seeds]
     spares = _numbers(parser, "--spare-finishing-within", args.spare_finishing_within)
     if any(not s > 0 for s in spares):
         parser.error(f"--spare-finishing-within: {args.spare_finishing_within} must be seconds above 0")
@@ -283,7 +305,7 @@ def main() -> int:
             trace_replay(args.trace, args.config, policies, args.hosts_per_queue, args.gpus_per_host, args.jobs, noises)
             if args.hosts_per_queue is not None and "quota" in policies:
                 gangs_against_pooled(args.trace, args.config, args.hosts_per_queue, args.gpus_per_host, args.jobs,
-                                     args.gang_reservation_after, noises)
+                                     args.gang_reservation_after, noises, seeds)
             if args.types is not None and "quota" in policies:
                 types_against_untyped(args.trace, args.config, args.types, args.hosts_per_queue, args.gpus_per_host,
                                       args.jobs)
