@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_quota_provider.policy import PolicyError, Quota
+from airflow_quota_provider.policy.config import DEFAULT_GANG_RESERVATION_AFTER_S
 
 if TYPE_CHECKING:
     from airflow_quota_provider.policy import Queue
@@ -269,7 +270,8 @@ def local_only_notes(queue: Queue) -> list[str]:
                 f"{quota.name}: max_preemptions={quota.max_preemptions} is set per job on AWS Batch "
                 "(SageMakerBatchTrainingOperator preemption_retries_before_termination)"
             )
-    if queue.gang_reservation_after_s is not None:  # AWS Batch places a job's instances itself
+    # AWS Batch places a job's instances itself; like the quotas' fields, only a setting of one's own is noted
+    if queue.gang_reservation_after_s not in (None, DEFAULT_GANG_RESERVATION_AFTER_S):
         notes.append(f"{queue.name}: gang_reservation_after_s={queue.gang_reservation_after_s:g} applies to the local "
                      "executor only")
     return notes

@@ -134,9 +134,10 @@ class Queue:
     """GPU types (:mod:`.types`), in the queue's order of preference; then ``capacity``, ``quotas``'
     and ``cohorts``' capacities and limits are sums over the types. Empty: one untyped kind."""
     fungibility: Fungibility = Fungibility()
-    gang_reservation_after_s: float | None = None
+    gang_reservation_after_s: float | None = 86_400.0
     """A gang (a job of several hosts) that has waited this long for hosts, while fitting its quota,
-    gets hosts kept for it until they drain (the one that has waited longest); None: never."""
+    gets hosts kept for it until they drain (the one that has waited longest); None: never. By
+    default a day (:data:`DEFAULT_GANG_RESERVATION_AFTER_S`)."""
     instance_types: dict[str, str] = field(default_factory=dict, hash=False)
     """GPU type -> the instance type AWS Batch counts it in (a quota share's capacity limits)."""
     gpu_hour_price: dict[str | None, float] = field(default_factory=dict, hash=False)
@@ -444,11 +445,17 @@ def parse_queue_body(
 
 MAX_GANG_RESERVATION_AFTER_S = 30 * 86_400.0
 """The most ``gang_reservation_after_s`` may be: a month (beyond, say null: never)."""
+DEFAULT_GANG_RESERVATION_AFTER_S = Queue.gang_reservation_after_s
+"""A day, so that no gang waits behind smaller jobs forever unless a quota file says null. On the ITP
+replay over four priority draws it was the setting tried that met both of issue 32's wait goals on
+their mean, where 12 h cost the other jobs more (docs/benchmarks.md)."""
 
 
 def parse_gang_reservation(fields: Fields) -> float | None:
-    """A job queue's ``gang_reservation_after_s`` (a quota file's queue, or a decision file)."""
-    return fields.number("gang_reservation_after_s", None, maximum=MAX_GANG_RESERVATION_AFTER_S)
+    """A job queue's ``gang_reservation_after_s`` (a quota file's queue, or a decision file): absent,
+    :data:`DEFAULT_GANG_RESERVATION_AFTER_S`; null, never."""
+    return fields.number("gang_reservation_after_s", DEFAULT_GANG_RESERVATION_AFTER_S, nullable=True,
+                         maximum=MAX_GANG_RESERVATION_AFTER_S)
 
 
 def _parse_instance_types(fields: Fields, types: tuple[GpuType, ...]) -> dict[str, str]:
@@ -552,8 +559,7 @@ def queue_to_dict(queue: Queue) -> dict[str, Any]:
                               "when_can_preempt": str(queue.fungibility.when_can_preempt.value)}
         if queue.instance_types:
             out["instance_types"] = dict(queue.instance_types)
-    if queue.gang_reservation_after_s is not None:
-        out["gang_reservation_after_s"] = queue.gang_reservation_after_s
+    out["gang_reservation_after_s"] = queue.gang_reservation_after_s  # null (never) is not the default
     if queue.gpu_hour_price:
         out["gpu_hour_price"] = dict(queue.gpu_hour_price) if queue.types else queue.gpu_hour_price[None]
     return out

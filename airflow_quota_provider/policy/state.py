@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_quota_provider.policy.config import (
-    MAX_GRACE_PERIOD_S, MAX_QUOTAS_PER_QUEUE, Cohort, Queue, Quota, parse_gang_reservation, parse_queue_body,
+    DEFAULT_GANG_RESERVATION_AFTER_S, MAX_GRACE_PERIOD_S, MAX_QUOTAS_PER_QUEUE, Cohort, Queue, Quota, parse_gang_reservation, parse_queue_body,
 )
 from airflow_quota_provider.policy.errors import PolicyError
 from airflow_quota_provider.policy.backlog import Backlog
@@ -51,8 +51,9 @@ class State:
     """A job queue with GPU types: each type's capacities (:mod:`.types`); then ``capacity``,
     ``quotas`` and ``cohorts`` are only their sums, and each type decides apart."""
     fungibility: Fungibility = Fungibility()
-    gang_reservation_after_s: float | None = None
-    """The job queue's ``gang_reservation_after_s``: a gang waiting this long gets hosts kept for it."""
+    gang_reservation_after_s: float | None = DEFAULT_GANG_RESERVATION_AFTER_S
+    """The job queue's ``gang_reservation_after_s``: a gang waiting this long gets hosts kept for it
+    (None: never)."""
 
     @classmethod
     def for_queue(

@@ -251,6 +251,7 @@ def test_local_only_fields_are_noted_in_the_plan(hook):
     notes = hook.plan_quota_shares(JOB_QUEUE, queue).notes
     assert "team-a: grace_period_s=600 applies to the local executor only" in notes
     assert any(n.startswith("team-a: max_preemptions=3 is set per job on AWS Batch") for n in notes)
+    assert not any("gang_reservation_after_s" in n for n in notes)  # the default, as the quotas' defaults
     queue = replace(queue, gang_reservation_after_s=3600.0)  # AWS Batch places a job's instances itself
     assert f"{JOB_QUEUE}: gang_reservation_after_s=3600 applies to the local executor only" in (
         hook.plan_quota_shares(JOB_QUEUE, queue).notes)

@@ -211,8 +211,13 @@ def _fragmented(gang_submitted_at: float = 0.0, **queue):
 
 
 def test_without_gang_reservation_after_s_other_jobs_take_the_hosts_a_gang_waits_for():
-    decision = placed(_fragmented(), {"s": "h1"}, [])
+    decision = placed(_fragmented(gang_reservation_after_s=None, gang_submitted_at=-1e6), {"s": "h1"}, [])
     assert "kept for it" not in reason_of(decision, "g")
+
+
+def test_by_default_a_gang_that_has_waited_a_day_gets_hosts_kept():
+    assert "kept for it" not in reason_of(placed(_fragmented(gang_submitted_at=100.0 - 86_399), {"s": "h1"}, []), "g")
+    assert "waited over 86400 s" in reason_of(placed(_fragmented(gang_submitted_at=100.0 - 86_400), {}, []), "g")
 
 
 def test_a_gang_waiting_gang_reservation_after_s_gets_the_hosts_nearest_to_room_kept_and_nothing_else_starts_there():
@@ -321,6 +326,14 @@ def test_gang_reservation_after_s_comes_from_the_quota_file_and_the_decision_fil
     assert State.for_queue(q, (), ()).gang_reservation_after_s == 3600.0  # what the executor and simulator decide on
     state, now = parse_state({**_file(), "gang_reservation_after_s": 60})
     assert state.gang_reservation_after_s == 60.0
+    # Left out: a day; null: never, which a quota file written back out keeps.
+    assert parse_state(_file())[0].gang_reservation_after_s == 86_400.0
+    assert parse_state({**_file(), "gang_reservation_after_s": None})[0].gang_reservation_after_s is None
+    (default,) = parse_quota_file({"queues": [{**data["queues"][0], "gang_reservation_after_s": None}]}).queues
+    assert default.gang_reservation_after_s is None
+    assert parse_quota_file({"queues": [queue_to_dict(default)]}).queues[0].gang_reservation_after_s is None
+    del data["queues"][0]["gang_reservation_after_s"]
+    assert parse_quota_file(data).queues[0].gang_reservation_after_s == 86_400.0
     for bad, message in ((-1, "-1 is below the minimum 0"), (1e9, "above the maximum 2.592e+06"), ("1h", "expected a finite number")):
         with pytest.raises(PolicyError) as raised:
             parse_state({**_file(), "gang_reservation_after_s": bad})
