@@ -581,10 +581,11 @@ def count_preemption(job: QuotaJob, *, session: Session) -> int:
 
 
 def explain(dag_id: str, run_id: str, task_id: str, *, map_index: int = -1, session: Session) -> dict[str, Any]:
-    """Why a task instance's job is where it is: state, pending reason and position, devices, history."""
+    """Why a task instance's job is where it is: state, pending reason and position, history. Its
+    devices per node are the caller's to add (the CLI's job row, from ``usage.held_devices``): merged
+    here they would mix a gang's hosts."""
     job = find_job(dag_id, run_id, task_id, map_index=map_index, session=session)
     out = job.to_dict()
-    out["devices"] = devices_of(job.id, session=session)
     out["preemptions"] = preemption_count(dag_id, run_id, task_id, map_index, session=session)
     out["events"] = [
         {"at": e.at, "kind": e.kind, "reason": e.reason, "victim": e.victim, "preemptor": e.preemptor,
