@@ -88,6 +88,8 @@ def test_no_gang_starts_in_part_and_no_host_ever_holds_more_gpus_than_it_has(sta
     now = dict.fromkeys(gpus, 0)
     settled = dict.fromkeys(gpus, 0)
     stopping = {p.id for p in decision.preempt} | {j.id for j in state.running if j.preempted_for is not None}
+    # Spared jobs a held one awaits (expected to end within their grace period) leave their GPUs to it.
+    stopping |= {job_id for pending in decision.pending for job_id in pending.awaits}
     for job in state.running:
         for name in job.placed_on:
             now[name] += job.gpus_per_node
