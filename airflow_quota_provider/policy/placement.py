@@ -80,6 +80,12 @@ class Placement:
             free = now[name] if now[name] < settled[name] else settled[name]
             if free > 0:
                 self._by_free[free].append(name)
+        # The same by GPUs free once stopping jobs are gone: where a job that fits nowhere now waits,
+        # and a gang preemptor's best fits, without reading every host.
+        self._by_settled: dict[int, list[str]] = defaultdict(list)
+        for name in self.names:
+            if settled[name] > 0:
+                self._by_settled[settled[name]].append(name)
 
     def free(self, host: str) -> int:
         """GPUs a job may start on now without taking any that stopping jobs owe to others."""
@@ -100,8 +106,10 @@ class Placement:
         preempt more; else None."""
         host = self.best_fit(gpus)
         if host is None:
-            fits = [(free - gpus, name) for name, free in self.free_settled.items() if free >= gpus]
-            host = min(fits)[1] if fits else None
+            for free in range(gpus, self.largest + 1):
+                names = self._by_settled.get(free)
+                if names:
+                    return names[0]
         return host
 
     def host_for_preemptor(self, preemptor: Job, victims: Iterable[Job], *, stopping: bool) -> str | None:
@@ -158,16 +166,18 @@ class Placement:
         own = set().union(*owns)
         if len(own) > nodes:
             return None
-        room = {
-            name: self.free_settled[name] + (0 if stopping else freed.get(name, 0))
-            for name in self.names if name not in self.down
-        }
+        settled, down = self.free_settled, self.down
+        room = {name: settled[name] + (0 if stopping else gpus) for name, gpus in freed.items() if name not in down}
         if any(room.get(name, 0) < per for name in own):
             return None
-        rest = sorted((-freed.get(name, 0), left - per, name) for name, left in room.items() if left >= per and name not in own)
-        if len(own) + len(rest) < nodes:
-            return None
-        return tuple(sorted(own) + [name for *_, name in rest[:nodes - len(own)]])
+        hosts = sorted(own) + [name for *_, name in sorted(
+            (-freed[name], left - per, name) for name, left in room.items() if left >= per and name not in own
+        )][:nodes - len(own)]
+        for free in range(per, self.largest + 1):  # then the best fits of the hosts with no victims
+            if len(hosts) == nodes:
+                break
+            hosts += [name for name in self._by_settled.get(free, ()) if name not in freed and name not in down][:nodes - len(hosts)]
+        return tuple(hosts) if len(hosts) == nodes else None
 
     def nearest_to_room(
         self, gang: Job, ends: dict[str, list[tuple[float, int]]], now: float
@@ -253,6 +263,12 @@ class Placement:
         for name, gpus in _per_host(job, where):
             self.hold(name, gpus)
 
+    def live_with_room_settled(self, gpus: int) -> int:
+        """How many live hosts have ``gpus`` GPUs free once stopping jobs are gone."""
+        settled, by_settled = self.free_settled, self._by_settled
+        return (sum(len(by_settled.get(free, ())) for free in range(gpus, self.largest + 1))
+                - sum(1 for name in self.down if settled[name] >= gpus))
+
     def hosts_with_at_least(self, gpus: int) -> int:
         """How many hosts have ``gpus`` GPUs or more, down ones included (they may come back)."""
         count = self._at_least.get(gpus)
@@ -288,7 +304,14 @@ class Placement:
     def _change(self, host: str, now: int, settled: int) -> None:
         old = self.free(host)
         self.free_now[host] += now
-        self.free_settled[host] += settled
+        if settled:
+            before = self.free_settled[host]
+            after = self.free_settled[host] = before + settled
+            if before > 0:
+                names = self._by_settled[before]
+                del names[bisect_left(names, host)]
+            if after > 0:
+                insort(self._by_settled[after], host)
         new = self.free(host)
         if new != old:
             if old > 0:
@@ -299,18 +322,23 @@ class Placement:
 
     def no_room(self, gpus: int) -> str:
         """Why a job that fits its quota waits: no host has ``gpus`` free, and what the hosts have."""
-        free = {name: max(0, self.free(name)) for name in self.names}
-        total = sum(free.values())
-        order = sorted(self.names, key=lambda name: (-free[name], name))
+        # Most free first, then by name, read from the buckets: the waiting jobs' reasons ask it often,
+        # of hundreds of hosts.
+        by_free = self._by_free
+        total = sum(free * len(by_free[free]) for free in range(1, self.largest + 1) if free in by_free)
+        order = [name for free in range(self.largest, 0, -1) for name in by_free.get(free, ())][:_HOSTS_SHOWN]
+        if len(order) < _HOSTS_SHOWN:  # then the full hosts, by name
+            order += [name for name in self.names if self.free(name) <= 0][:_HOSTS_SHOWN - len(order)]
         most = order[0]
-        block = f"largest free block {_gpus(free[most])} on {most}" if free[most] else "every host is full"
+        most_free = max(0, self.free(most))
+        block = f"largest free block {_gpus(most_free)} on {most}" if most_free else "every host is full"
         why = f"fragmented: {block}" if total >= gpus else f"{_gpus(total)} free on all hosts together; {block}"
         shown = ", ".join(
-            f"{name} down" if name in self.down else f"{name} {self.gpus[name] - free[name]}/{self.gpus[name]}"
-            for name in order[:_HOSTS_SHOWN]
+            f"{name} down" if name in self.down else f"{name} {self.gpus[name] - max(0, self.free(name))}/{self.gpus[name]}"
+            for name in order
         )
-        if len(order) > _HOSTS_SHOWN:
-            shown += f" and {len(order) - _HOSTS_SHOWN} others"
+        if len(self.names) > _HOSTS_SHOWN:
+            shown += f" and {len(self.names) - _HOSTS_SHOWN} others"
         return f"no host has {gpus} free {'GPU' if gpus == 1 else 'GPUs'} ({why}; hosts {shown} in use)"
 
 

@@ -273,8 +273,7 @@ def _gang_targets(
     room; None when too few can."""
     per = preemptor.gpus_per_node
     settled = placement.free_settled
-    live = [name for name in placement.names if name not in placement.down]
-    need = preemptor.nodes - sum(1 for name in live if settled[name] >= per)
+    need = preemptor.nodes - placement.live_with_room_settled(per)
     if need <= 0:
         return []
     costs = []
