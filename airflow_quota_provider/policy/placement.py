@@ -176,7 +176,8 @@ class Placement:
         for free in range(per, self.largest + 1):  # then the best fits of the hosts with no victims
             if len(hosts) == nodes:
                 break
-            hosts += [name for name in self._by_settled.get(free, ()) if name not in freed and name not in down][:nodes - len(hosts)]
+            fits = [name for name in self._by_settled.get(free, ()) if name not in freed and name not in down]
+            hosts += fits[:nodes - len(hosts)]
         return tuple(hosts) if len(hosts) == nodes else None
 
     def nearest_to_room(
@@ -306,19 +307,11 @@ class Placement:
         self.free_now[host] += now
         if settled:
             before = self.free_settled[host]
-            after = self.free_settled[host] = before + settled
-            if before > 0:
-                names = self._by_settled[before]
-                del names[bisect_left(names, host)]
-            if after > 0:
-                insort(self._by_settled[after], host)
+            self.free_settled[host] += settled
+            _rebucket(self._by_settled, host, before, before + settled)
         new = self.free(host)
         if new != old:
-            if old > 0:
-                names = self._by_free[old]
-                del names[bisect_left(names, host)]
-            if new > 0:
-                insort(self._by_free[new], host)
+            _rebucket(self._by_free, host, old, new)
 
     def no_room(self, gpus: int) -> str:
         """Why a job that fits its quota waits: no host has ``gpus`` free, and what the hosts have."""
@@ -344,6 +337,16 @@ class Placement:
 
 def _gpus(count: int) -> str:
     return f"{count} GPU" if count == 1 else f"{count} GPUs"
+
+
+def _rebucket(buckets: dict[int, list[str]], host: str, before: int, after: int) -> None:
+    """Move ``host`` in ``buckets`` (hosts with room by GPUs, each list sorted by name) from ``before``
+    GPUs to ``after``; a host without room is in none."""
+    if before > 0:
+        names = buckets[before]
+        del names[bisect_left(names, host)]
+    if after > 0:
+        insort(buckets[after], host)
 
 
 def _per_host(job: Job, where: str | tuple[str, ...]) -> tuple[tuple[str, int], ...]:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_quota_provider.policy.config import (
-    DEFAULT_GANG_RESERVATION_AFTER_S, MAX_GRACE_PERIOD_S, MAX_QUOTAS_PER_QUEUE, Cohort, Queue, Quota, parse_gang_reservation, parse_queue_body,
+    DEFAULT_GANG_RESERVATION_AFTER_S, MAX_GRACE_PERIOD_S, MAX_QUOTAS_PER_QUEUE, Cohort, Queue, Quota,
+    parse_gang_reservation, parse_queue_body,
 )
 from airflow_quota_provider.policy.errors import PolicyError
 from airflow_quota_provider.policy.backlog import Backlog
