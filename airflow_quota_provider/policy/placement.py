@@ -318,7 +318,7 @@ class Placement:
         # Most free first, then by name, read from the buckets: the waiting jobs' reasons ask it often,
         # of hundreds of hosts.
         by_free = self._by_free
-        total = sum(free * len(by_free[free]) for free in range(1, self.largest + 1) if free in by_free)
+        total = sum(free * len(names) for free, names in by_free.items())  # only hosts with room are there
         order = [name for free in range(self.largest, 0, -1) for name in by_free.get(free, ())][:_HOSTS_SHOWN]
         if len(order) < _HOSTS_SHOWN:  # then the full hosts, by name
             order += [name for name in self.names if self.free(name) <= 0][:_HOSTS_SHOWN - len(order)]
