@@ -1,11 +1,14 @@
 """The "GPU quota job" link of a quota task instance: the quota page opened on its job.
 
-Airflow 3 resolves an operator's own links from XCom, which the task writes only when a run ends, so
-a task that waits for quota before its first run would have none. The plugin therefore registers the
-link too (``QuotaPlugin.operator_extra_links``): the api-server then calls :meth:`QuotaJobLink.get_link`
-itself whenever the task instance's page asks, built from the task instance key alone, without the
-database. A subclass of the operator in another module is not matched by the plugin and falls back
-to the XCom value, there once a run has ended.
+Airflow 3 resolves an operator's own links from XCom, which the task writes when a run ends, so a
+task that waits for quota before its first run would have none. The link is therefore the plugin's
+(``QuotaPlugin.operator_extra_links``): the api-server calls :meth:`QuotaJobLink.get_link` itself
+whenever the task instance's page asks, built from the task instance key alone, without the
+database. Our operators carry no link of their own, so their runs write no XCom for it: one
+api-server round trip fewer at every run's end, which is on a preempted task's way to freeing its
+GPUs. The plugin names classes exactly (by module and name), so a subclass of the operator in
+another module gets the link as its own (:class:`~.training.QuotaTaskMixin`), from the XCom once a
+run has ended.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ def quota_page_url(dag_id: str, run_id: str, task_id: str, map_index: int = -1) 
     it waits, estimated start, and the audit log of the job (its preemptions)."""
     query = urlencode({"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": map_index}, quote_via=quote)
     return f"{base_url()}{URL_PREFIX}/ui/?{query}"
+
+
+def linked_by_plugin(operator: type) -> bool:
+    """Whether the plugin gives ``operator`` the link: one of :attr:`QuotaJobLink.operators`, all
+    in this package (the check cannot import them: they are being defined when it is asked)."""
+    return operator.__module__.partition(".")[0] == __name__.partition(".")[0]
 
 
 class QuotaJobLink(BaseOperatorLink):

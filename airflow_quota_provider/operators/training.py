@@ -44,7 +44,7 @@ from airflow_quota_provider.operators.checkpoints import (
     task_instance_checkpoint_dir,
     task_instance_parts,
 )
-from airflow_quota_provider.operators.links import QuotaJobLink
+from airflow_quota_provider.operators.links import QuotaJobLink, linked_by_plugin
 from airflow_quota_provider.operators.process_group import CommandProcess
 from airflow_quota_provider.operators.quota_run import POLL_INTERVAL_S, QuotaRun
 from airflow_quota_provider.protocol import GANG_VARIABLES, GANG_XCOM_KEY, GangCommand, GangEnvironment
@@ -61,7 +61,14 @@ class QuotaTaskMixin:
     """The quota arguments, the start of a run and the "GPU quota job" link, shared by
     QuotaTrainingOperator and ``@task.quota``."""
 
-    operator_extra_links = (QuotaJobLink(),)
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        # The plugin gives our own operators the link, resolved by the api-server from the task
+        # instance key. A link of the operator's own is resolved from an XCom that every run
+        # writes at its end: an api-server round trip on a preempted task's way out, before the
+        # host sees its GPUs free. Only a subclass the plugin cannot name needs that.
+        if not linked_by_plugin(cls) and "operator_extra_links" not in cls.__dict__:
+            cls.operator_extra_links = (QuotaJobLink(),)
 
     def _set_quota_args(
         self,
