@@ -392,7 +392,9 @@ def decide_types(
     from airflow_quota_provider.policy.running import Running
     from airflow_quota_provider.policy.state import State
 
-    running = running_by_type(state)
+    # Each type's Running once: the per-type decisions start from it, and assign_types from its sums.
+    by_type = running_by_type(state)
+    running = {name: Running.of(jobs) for name, jobs in by_type.items()}
     assigned, rejected = assign_types(state, now, running)
     hosts: dict[str, list[Host]] = {t.name: [] for t in state.types}
     stray: list[Host] = []  # hosts with none of the queue's types
@@ -402,7 +404,7 @@ def decide_types(
     for gpu_type in state.types:
         name = gpu_type.name
         sub = State(
-            capacity=gpu_type.capacity, quotas=gpu_type.quotas, running=Running.of(running[name]),
+            capacity=gpu_type.capacity, quotas=gpu_type.quotas, running=running[name],
             pending=assigned[name],
             hosts=None if state.hosts is None else tuple(hosts[name]) + _hosts_of_others(running[name], hosts[name]),
             cohorts=gpu_type.cohorts, gang_reservation_after_s=state.gang_reservation_after_s,
@@ -414,7 +416,7 @@ def decide_types(
         out.preempt += decision.preempt
         out.reject += [replace(r, reason=f"{name}: {r.reason}") for r in decision.reject]
         # Jobs kept per type (Running.of_type) are all of the type: none counted on it from elsewhere.
-        note = _uncounted(name, () if isinstance(running[name], Running) else running[name], stray,
+        note = _uncounted(name, () if isinstance(by_type[name], Running) else by_type[name], stray,
                           state.types) if decision.pending else ""
         if note:
             for pending in decision.pending:
