@@ -61,6 +61,12 @@ host) and the task runtime (operator, ``@task.quota``) all read it.
    once it has stopped, renames it with :data:`HANDLED_SUFFIX` (:func:`acknowledge_notice`).
 4. **The default grace period** (:data:`DEFAULT_GRACE_PERIOD_S`): the quota file's, used by a task
    that runs without ``QUOTA_GRACE_PERIOD_S`` and without a ``grace_period`` of its own.
+5. **Giving the GPUs back before the task process ends** (:func:`release_gpus`): a task whose GPU
+   work ran in processes it started, all of them gone, writes ``{"pid": <its pid>}`` to
+   :data:`RELEASED_FILE` beside ``QUOTA_PREEMPT_FILE``. The launcher then counts the GPUs free while
+   that process finishes its try (a reschedule or a result sent to Airflow, the interpreter's
+   exit: 0.1-0.4 s), as long as it has no child and nothing else of the launch runs; a reclaiming
+   owner waits on this. A task that uses the GPUs in its own process never writes it.
 """
 
 from __future__ import annotations
@@ -119,6 +125,8 @@ GANG_VARIABLES = (
 PREEMPT_FILE = "preempt.json"
 #: Appended to the notice's path by the task once it has acted on it.
 HANDLED_SUFFIX = ".handled"
+#: Where a task says it no longer uses its GPUs (:func:`release_gpus`), in the launch's job directory.
+RELEASED_FILE = "released.json"
 #: A notice's reason when a member of the task's gang failed: node 0 stops its command and fails.
 GANG_NODE_FAILED = "gang_node_failed"
 
@@ -567,6 +575,26 @@ def acknowledge_notice(path: Path) -> None:
     """Mark the notice at ``path`` as acted on (renamed with :data:`HANDLED_SUFFIX`), if it is there."""
     with contextlib.suppress(OSError):
         os.replace(path, f"{path}{HANDLED_SUFFIX}")
+
+
+def release_gpus(environ: Mapping[str, str]) -> Path | None:
+    """Tell the launcher that this process no longer uses its GPUs and started nothing that still
+    runs (see the module's docstring, 5); where it wrote, or None when started without a launcher."""
+    preempt_file = environ.get(ENV_PREEMPT_FILE)
+    if not preempt_file:
+        return None
+    path = Path(preempt_file).with_name(RELEASED_FILE)
+    write_atomically(path, json.dumps({"pid": os.getpid()}))
+    return path
+
+
+def released_by(job_dir: Path) -> int | None:
+    """The pid of the task process that released its GPUs in ``job_dir`` (:func:`release_gpus`), or None."""
+    try:
+        pid = json.loads((job_dir / RELEASED_FILE).read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
 
 
 def write_atomically(path: Path, text: str) -> None:

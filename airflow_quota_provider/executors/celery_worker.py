@@ -9,7 +9,8 @@ worker's main process. Each host consumes a Celery queue of its own (:func:`host
   (``BaseExecutor.run_workload``) as :class:`~airflow_quota_provider.executors.local_launcher.LocalLauncher`
   does, in an environment carrying ``CUDA_VISIBLE_DEVICES`` and the ``QUOTA_*`` variables (the pool
   process's own stays as it was: a prefork child runs many tasks), and records the exit code. How the try ended is the task instance's state, never this task's result.
-  As soon as the task and everything it started are gone it says so (``task_exited``): Airflow's
+  As soon as the task and everything it started are gone, or the task released its GPUs after its
+  command (:func:`~airflow_quota_provider.protocol.release_gpus`), it says so (``task_exited``): Airflow's
   supervisor may notice its task's exit a whole heartbeat late, and the GPUs need not wait for it
   (as :class:`~airflow_quota_provider.executors.local_launcher.LocalLauncher` does locally). The
   worker runs more pool processes than GPUs, so a lingering supervisor does not hold up the next
@@ -59,6 +60,10 @@ TASK_NAME = "quota_execute_workload"
 MEMBER_TASK_NAME = "quota_execute_gang_member"
 TASK_EXIT_POLL_S = 0.2
 """The longest a launch's watch waits: the exit of its task, supervisor or guard wakes it at once."""
+RELEASE_POLL_S = 0.02
+RELEASE_WATCH_S = 2.0
+"""After what a task started has exited, its watch looks every ``RELEASE_POLL_S`` for this long
+for the task releasing its GPUs (:func:`~airflow_quota_provider.protocol.release_gpus`)."""
 RECORD_RETRY_S = 600.0
 """How long a launch's task exit and end are retried while the database is unreachable."""
 STATE_DIR_ENV = "QUOTA_WORKER_STATE_DIR"
@@ -144,18 +149,29 @@ def run_launch(
     become_subreaper()  # what a killed guard leaves comes here, and is ended below
     guard = jobs.start(job_id, run, env, tied_to_parent=True)
     handle = f"{job_id}:{guard}"
-    told = False
+    told = commanding = False
+    look_soon_until = 0.0
     try:
         while (status := jobs.status({handle: job_id}, session=None)[handle]).liveness != Liveness.ENDED:
             if status.liveness == Liveness.TASK_EXITED and not told:
                 on_task_exit()
                 told = True
-            # Woken by the exit of the task (the supervisor's children), the supervisor or the guard,
-            # so the GPUs are reported free at once: a reclaiming owner waits on this. What the task
-            # leaves to the supervisor is seen on the next poll.
+            # Woken by the exit of the task (the supervisor's children), of what the task started
+            # (its command), of the supervisor or of the guard, so the GPUs are reported free at
+            # once: a reclaiming owner waits on this. What the task leaves to the supervisor is seen
+            # on the next poll.
             supervisor = jobs.supervisor(job_id, guard)
-            watched = [guard] if supervisor is None else [guard, supervisor, *map(int, _children(supervisor) or ())]
-            wait_for_an_exit([pid for pid in watched if process_alive(pid)], TASK_EXIT_POLL_S)
+            tasks = [] if supervisor is None else [int(pid) for pid in _children(supervisor) or ()]
+            started = [int(pid) for task in tasks for pid in _children(task) or () if process_alive(pid)]
+            watched = [pid for pid in [guard, *([supervisor] if supervisor else []), *tasks, *started] if process_alive(pid)]
+            if started:
+                commanding = True
+            elif commanding:
+                # What the task started is gone: the task may release its GPUs in a moment, which
+                # no exit announces (protocol, 5), so it is looked for often for a while.
+                commanding, look_soon_until = False, time.monotonic() + RELEASE_WATCH_S
+            soon = not told and time.monotonic() < look_soon_until
+            wait_for_an_exit(watched, RELEASE_POLL_S if soon else TASK_EXIT_POLL_S)
     finally:
         jobs.forget(handle, session=None)
         end_descendants()  # nothing the launch started outlives it: SIGTERM, grace, SIGKILL

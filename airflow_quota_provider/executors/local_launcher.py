@@ -55,7 +55,9 @@ from airflow_quota_provider.executors.containment import (
 from airflow_quota_provider.executors.gangs import LOCAL_ADDRESS, run_member, with_master_port
 from airflow_quota_provider.executors.launcher import HostDevices, Launch, Liveness, Status
 from airflow_quota_provider.models.host import launch_key
-from airflow_quota_provider.protocol import ENV_PREEMPT_FILE, PREEMPT_FILE, PreemptionNotice, write_atomically, write_notice
+from airflow_quota_provider.protocol import (
+    ENV_PREEMPT_FILE, PREEMPT_FILE, RELEASED_FILE, PreemptionNotice, released_by, write_atomically, write_notice,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -200,7 +202,7 @@ class LocalLauncher:
                 out[handle] = Status(Liveness.ENDED, self.exit_info(job_id, pid).rc)
             elif (supervisor := self.supervisor(job_id, pid)) is None:
                 out[handle] = Status(Liveness.RUNNING)  # the guard has not forked it yet
-            elif not self.task_exited(supervisor):
+            elif not self.task_exited(supervisor, job_id):
                 self._task_seen.add(pid)
                 out[handle] = Status(Liveness.RUNNING)
             else:
@@ -235,7 +237,7 @@ class LocalLauncher:
         process dies."""
         job_dir = self.job_dir(job_id)
         job_dir.mkdir(parents=True, exist_ok=True)
-        for path in (job_dir / PID_FILE, job_dir / PREEMPT_FILE, *job_dir.glob(EXIT_FILE.format(pid="*"))):
+        for path in (job_dir / PID_FILE, job_dir / PREEMPT_FILE, job_dir / RELEASED_FILE, *job_dir.glob(EXIT_FILE.format(pid="*"))):
             path.unlink(missing_ok=True)
         env = {**env, ENV_PREEMPT_FILE: str(self.preempt_file(job_id))}
         cgroup = JobCgroup.create(f"job-{job_id}-{time.time_ns()}") if self.use_cgroups else None
@@ -357,17 +359,25 @@ class LocalLauncher:
         # Same pid, different process start time: the pid was reused, the task is gone.
         return recorded.get("start") in (None, start)
 
-    def task_exited(self, pid: int) -> bool:
+    def task_exited(self, pid: int, job_id: int | str | None = None) -> bool:
         """Whether the supervisor ``pid`` has no live descendant: its task and everything the task
         started have exited (or the task has not started yet: the caller tells the two apart by the
         task instance's state). A subreaper, the supervisor adopts what its task leaves behind.
+        With ``job_id``, also when the one that lives is the task process that released its GPUs in
+        the job's directory (:func:`~airflow_quota_provider.protocol.release_gpus`), with no child.
 
         False where the kernel does not list children (``/proc/PID/task/PID/children``).
         """
         children = _children(pid)
         if children is None:
             return False
-        return not any(process_alive(child) for child in children)
+        live = [int(child) for child in children if process_alive(child)]
+        if not live:
+            return True
+        if len(live) > 1 or job_id is None or released_by(self.job_dir(job_id)) != live[0]:
+            return False
+        left = _children(live[0])  # a child it started since still counts
+        return left is not None and not any(process_alive(child) for child in left)
 
     def exit_info(self, job_id: int | str, pid: int) -> ExitInfo:
         """The supervisor's exit code from its exit file, or, for a child of this scheduler whose

@@ -47,7 +47,7 @@ from airflow_quota_provider.operators.checkpoints import (
 from airflow_quota_provider.operators.links import QuotaJobLink, linked_by_plugin
 from airflow_quota_provider.operators.process_group import CommandProcess
 from airflow_quota_provider.operators.quota_run import POLL_INTERVAL_S, QuotaRun
-from airflow_quota_provider.protocol import GANG_VARIABLES, GANG_XCOM_KEY, GangCommand, GangEnvironment
+from airflow_quota_provider.protocol import GANG_VARIABLES, GANG_XCOM_KEY, GangCommand, GangEnvironment, release_gpus
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -254,6 +254,9 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
             returncode, preempted = self._command_process.run(
                 self._argv(), env=self._env(run), cwd=self.cwd, run=run, log=self.log
             )
+            # The command used the GPUs, not this process: they are free while this try ends (a
+            # reclaiming owner starts sooner). The launcher checks that nothing it started lives on.
+            release_gpus(os.environ)
         except BaseException:
             run.save_checkpoints(self.log, preempted=run.notice is not None, strict=False)
             raise

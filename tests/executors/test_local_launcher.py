@@ -3,6 +3,7 @@ launcher tells that a task's process has ended."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -113,6 +114,79 @@ def test_the_task_process_is_seen_gone_while_its_supervisor_still_lingers(tmp_pa
         assert launcher.task_exited(supervisor.pid)
     finally:
         supervisor.kill()
+        supervisor.wait()
+
+
+# A task whose command used the GPUs: it runs the command, releases its GPUs once the command is
+# gone (protocol, 5) and lingers, as a task process does while it ends its try; ``then`` runs after.
+RELEASES_AND_LINGERS = (
+    "import os, subprocess, sys, time\n"
+    "from airflow_quota_provider.protocol import release_gpus\n"
+    "subprocess.run({command!r})\n"
+    "release_gpus({{'QUOTA_PREEMPT_FILE': {preempt_file!r}}})\n"
+    "print('released', flush=True)\n"
+    "{then}\n"
+    "time.sleep(30)\n"
+)
+
+
+def _releasing_supervisor(tmp_path, *, command=("sleep", "0.2"), then: str = "") -> tuple[subprocess.Popen, LocalLauncher, int]:
+    """A supervisor stand-in (as :func:`_supervisor`) whose task releases its GPUs in job 5's
+    directory, its output on the supervisor's: (it, the launcher, the task's pid)."""
+    launcher = LocalLauncher(tmp_path, cgroups=False)
+    launcher.job_dir(5).mkdir(parents=True)
+    task_code = RELEASES_AND_LINGERS.format(command=list(command), preempt_file=str(launcher.preempt_file(5)), then=then)
+    code = (
+        "import subprocess, sys, time\n"
+        "from airflow_quota_provider.executors.local_launcher import become_subreaper\n"
+        "become_subreaper()\n"
+        f"c = subprocess.Popen([sys.executable, '-c', {task_code!r}])\n"
+        "print(c.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    supervisor = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    return supervisor, launcher, int(supervisor.stdout.readline())
+
+
+def test_a_task_that_released_its_gpus_counts_as_exited_while_it_ends_its_try(tmp_path):
+    supervisor, launcher, task = _releasing_supervisor(tmp_path)
+    try:
+        assert not launcher.task_exited(supervisor.pid, 5), "its command runs: the GPUs are in use"
+        assert supervisor.stdout.readline().strip() == "released"
+        assert _state(task) not in ("Z", "gone")
+        assert launcher.task_exited(supervisor.pid, 5)
+        assert not launcher.task_exited(supervisor.pid), "without the job's directory, only its exit counts"
+        assert not launcher.task_exited(supervisor.pid, 6), "released in another job's directory"
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+
+
+def test_a_released_task_that_starts_another_process_holds_its_gpus_again(tmp_path):
+    supervisor, launcher, _ = _releasing_supervisor(
+        tmp_path, then="p = subprocess.Popen(['sleep', '30']); print('started', flush=True)"
+    )
+    try:
+        assert supervisor.stdout.readline().strip() == "released"
+        assert supervisor.stdout.readline().strip() == "started"
+        assert not launcher.task_exited(supervisor.pid, 5)
+    finally:
+        kill_tree(supervisor.pid)
+        supervisor.wait()
+
+
+def test_a_released_task_holds_its_gpus_while_a_process_its_command_left_runs(tmp_path):
+    command = (sys.executable, "-c", LEAVES_A_PROCESS_BEHIND.format(seconds=30))
+    supervisor, launcher, _ = _releasing_supervisor(tmp_path, command=command)
+    try:
+        left = int(supervisor.stdout.readline())
+        assert supervisor.stdout.readline().strip() == "released"
+        assert _state(left) not in ("Z", "gone")
+        assert not launcher.task_exited(supervisor.pid, 5), "adopted by the supervisor: still counted"
+        os.kill(left, signal.SIGKILL)
+        _wait_until(lambda: launcher.task_exited(supervisor.pid, 5), "the GPUs to be free once it is gone")
+    finally:
+        kill_tree(supervisor.pid)
         supervisor.wait()
 
 
@@ -422,3 +496,39 @@ def test_a_launchs_supervisor_finds_the_api_clients_tls_context_built(tmp_path):
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     assert (tmp_path / "built").read_text() == "0"
+
+
+# A GPU host's launch (celery_worker.run_launch) in a process of its own: it makes its process a
+# subreaper and ends every descendant of it when the launch is over.
+HOST_LAUNCH = textwrap.dedent("""
+    import json, subprocess, sys, time
+    from pathlib import Path
+    from airflow_quota_provider.executors.celery_worker import run_launch
+    from airflow_quota_provider.executors.local_launcher import LocalLauncher
+
+    TASK = '''
+    import json, os, subprocess, sys, time
+    from airflow_quota_provider.protocol import release_gpus
+    subprocess.run(["sleep", "0.3"])
+    release_gpus(os.environ)
+    released = time.time()
+    time.sleep(LINGER)
+    print(json.dumps({"released": released, "exiting": time.time()}), flush=True)
+    '''
+    told = []
+    rc = run_launch(LocalLauncher(Path(sys.argv[1]), cgroups=False), 9,
+                    lambda: subprocess.call([sys.executable, "-c", TASK]), {}, on_task_exit=lambda: told.append(time.time()))
+    print(json.dumps({"told": told, "rc": rc}), flush=True)
+""")
+
+
+def test_a_host_reports_a_task_that_released_its_gpus_as_exited_before_its_process_ends(tmp_path):
+    """The launch's watch looks for the release once the command is gone, so the GPUs are free
+    while the task process still ends its try (here it lingers 3 s)."""
+    out = subprocess.run([sys.executable, "-c", HOST_LAUNCH.replace("LINGER", "3"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
+    task = json.loads(out[-2])
+    launch = json.loads(out[-1])
+    assert launch["rc"] == 0
+    assert len(launch["told"]) == 1
+    assert task["released"] <= launch["told"][0] < task["exiting"], (task, launch)
