@@ -254,15 +254,17 @@ class QuotaTrainingOperator(QuotaTaskMixin, BaseOperator):
             returncode, preempted = self._command_process.run(
                 self._argv(), env=self._env(run), cwd=self.cwd, run=run, log=self.log
             )
-            # The command used the GPUs, not this process: they are free while this try ends (a
-            # reclaiming owner starts sooner). The launcher checks that nothing it started lives on.
-            release_gpus(os.environ)
         except BaseException:
             run.save_checkpoints(self.log, preempted=run.notice is not None, strict=False)
             raise
         succeeded = returncode == 0 and not preempted and not self._command_process.kill_requested
         # Also after a failure or a preemption: the next run (here or on another host) resumes from it.
         run.save_checkpoints(self.log, preempted=preempted, strict=succeeded)
+        # The command used the GPUs, not this process: they are free while this try ends and the
+        # process exits (a reclaiming owner starts sooner). The launcher checks that nothing the
+        # command left runs. Not before the checkpoints are saved: the executor frees them only once
+        # the try has ended, and would only look again and again while an upload runs.
+        release_gpus(os.environ)
         if preempted:
             raise run.preemption_outcome(self.log)
         if self._command_process.kill_requested:
