@@ -163,7 +163,7 @@ def run_launch(
             supervisor = jobs.supervisor(job_id, guard)
             tasks = [] if supervisor is None else [int(pid) for pid in _children(supervisor) or ()]
             started = [int(pid) for task in tasks for pid in _children(task) or () if process_alive(pid)]
-            watched = [pid for pid in [guard, *([supervisor] if supervisor else []), *tasks, *started] if process_alive(pid)]
+            watched = [pid for pid in [guard, *([supervisor] if supervisor else []), *tasks] if process_alive(pid)] + started
             if started:
                 commanding = True
             elif commanding:
