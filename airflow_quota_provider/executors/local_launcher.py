@@ -11,7 +11,9 @@ file was killed.
 The supervisor may notice its task child's exit up to ``[workers] min_heartbeat_interval``
 (5 s) late: when the task's sockets reach EOF a moment before the kernel reports its exit, it
 sleeps a full heartbeat interval before looking again. :meth:`LocalLauncher.task_exited` sees the
-exit at once, so that the GPUs are not held idle meanwhile.
+exit at once, so that the GPUs are not held idle meanwhile, and counts a task process that released
+its GPUs once its command was gone (:func:`~airflow_quota_provider.protocol.release_gpus`) as
+exited while it ends its try.
 
 Every process a job starts is contained (:mod:`.containment`): the guard enters a cgroup of its
 own where the kernel allows it (``[quota] process_cgroups``); guard and supervisor are child

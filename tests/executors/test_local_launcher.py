@@ -131,20 +131,12 @@ RELEASES_AND_LINGERS = (
 
 
 def _releasing_supervisor(tmp_path, *, command=("sleep", "0.2"), then: str = "") -> tuple[subprocess.Popen, LocalLauncher, int]:
-    """A supervisor stand-in (as :func:`_supervisor`) whose task releases its GPUs in job 5's
-    directory, its output on the supervisor's: (it, the launcher, the task's pid)."""
+    """:func:`_supervisor` with a task that releases its GPUs in job 5's directory, its output on the
+    supervisor's: (it, the launcher, the task's pid)."""
     launcher = LocalLauncher(tmp_path, cgroups=False)
     launcher.job_dir(5).mkdir(parents=True)
-    task_code = RELEASES_AND_LINGERS.format(command=list(command), preempt_file=str(launcher.preempt_file(5)), then=then)
-    code = (
-        "import subprocess, sys, time\n"
-        "from airflow_quota_provider.executors.local_launcher import become_subreaper\n"
-        "become_subreaper()\n"
-        f"c = subprocess.Popen([sys.executable, '-c', {task_code!r}])\n"
-        "print(c.pid, flush=True)\n"
-        "time.sleep(60)\n"
-    )
-    supervisor = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    supervisor = _supervisor(RELEASES_AND_LINGERS.format(
+        command=list(command), preempt_file=str(launcher.preempt_file(5)), then=then))
     return supervisor, launcher, int(supervisor.stdout.readline())
 
 
